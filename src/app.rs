@@ -1,0 +1,178 @@
+//! The one place where the parts are wired together: store, cache,
+//! write-behind, gRPC server (with health and reflection) and the metrics
+//! listener; and the order in which they stop.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+
+use crate::cache::{Cache, CacheConfig};
+use crate::config::{Config, StoreKind};
+use crate::grpc::ReadStatesService;
+use crate::metrics;
+use crate::proto::read_states_server::ReadStatesServer;
+use crate::store::Store;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::memory::MemoryStore;
+use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
+
+/// In-flight requests get this long to finish once shutdown begins.
+const REQUEST_GRACE: Duration = Duration::from_secs(10);
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A built, bound, not yet serving instance of the service.
+#[derive(Debug)]
+pub struct Application {
+    config: Config,
+    grpc: TcpListener,
+    metrics: TcpListener,
+    cache: Arc<Cache>,
+}
+
+impl Application {
+    /// Opens the store and binds both listeners (port 0 picks a free one).
+    pub async fn build(config: Config) -> Result<Application, BoxError> {
+        let store = open_store(&config)?;
+        let cache = Cache::new(
+            CacheConfig {
+                capacity: config.cache_capacity,
+                shards: config.shards,
+                write_delay: config.write_delay,
+                max_unwritten: config.max_unwritten,
+            },
+            store,
+        );
+        let grpc = TcpListener::bind(config.listen).await?;
+        let metrics = TcpListener::bind(config.metrics_listen).await?;
+        Ok(Application {
+            config,
+            grpc,
+            metrics,
+            cache,
+        })
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.local_addr().unwrap_or(self.config.listen)
+    }
+
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics
+            .local_addr()
+            .unwrap_or(self.config.metrics_listen)
+    }
+
+    /// Serves until `shutdown` resolves, then stops taking requests and
+    /// writes every unwritten change.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<ShutdownReport, BoxError> {
+        let Application {
+            config,
+            grpc,
+            metrics: metrics_listener,
+            cache,
+        } = self;
+        let stop = CancellationToken::new();
+        let write_behind = WriteBehind::start(
+            cache.clone(),
+            WriteBehindConfig {
+                concurrency: config.flush_concurrency,
+                ..WriteBehindConfig::default()
+            },
+        );
+        let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
+        let metrics_server = tokio::spawn(metrics::server::serve(
+            metrics_listener,
+            metrics::handle(),
+            stop.clone(),
+        ));
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        health
+            .set_serving::<ReadStatesServer<ReadStatesService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        let service = ReadStatesService::new(cache.clone(), config.max_concurrent_requests);
+        let mut server = tokio::spawn(
+            Server::builder()
+                .tcp_nodelay(true)
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(ReadStatesServer::new(service))
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(grpc),
+                    stop.clone().cancelled_owned(),
+                ),
+        );
+        tracing::info!(
+            version = env!("CARGO_PKG_VERSION"),
+            store = cache.store().name(),
+            write_delay = ?config.write_delay,
+            "serving"
+        );
+
+        let server_result = tokio::select! {
+            () = shutdown => None,
+            result = &mut server => Some(result),
+        };
+        tracing::info!("shutting down: no new requests; writing unwritten changes");
+        health
+            .set_not_serving::<ReadStatesServer<ReadStatesService>>()
+            .await;
+        stop.cancel();
+        let server_result = match server_result {
+            Some(result) => result,
+            None => match tokio::time::timeout(REQUEST_GRACE, &mut server).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("requests still running after {REQUEST_GRACE:?}; cut off");
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            },
+        };
+        let report = write_behind.shutdown(config.shutdown_timeout).await;
+        if report.unwritten > 0 {
+            tracing::error!(
+                unwritten = report.unwritten,
+                "read states could not be written before the deadline"
+            );
+        } else {
+            tracing::info!("every change written");
+        }
+        let _ = sampler.await;
+        let _ = metrics_server.await;
+        server_result??;
+        Ok(report)
+    }
+}
+
+fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {
+    Ok(match config.store {
+        StoreKind::Embedded => Arc::new(EmbeddedStore::open(&config.data_dir)?),
+        StoreKind::Memory => {
+            tracing::warn!(
+                "--store memory keeps nothing across restarts: for tests and benchmarks only"
+            );
+            Arc::new(MemoryStore::new())
+        }
+        StoreKind::Cassandra => {
+            return Err(
+                "--store cassandra is not available in this build yet; use embedded or memory"
+                    .into(),
+            );
+        }
+    })
+}

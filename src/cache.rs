@@ -1,0 +1,297 @@
+//! The sharded, memory-first cache of read states, keyed by user.
+//!
+//! A user's read states live together in one shard, chosen by a hash of the
+//! user id; each shard is a [`Shard`] behind its own mutex, never held across
+//! an `.await`. A miss loads the user from the store outside the lock, and
+//! every request for that user meanwhile waits on the same load. Changes are
+//! applied under the lock and leave the user queued for write-behind (see
+//! [`crate::write_behind`]), which drains the shards' queues.
+
+pub(crate) mod shard;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::clock;
+use crate::error::Error;
+use crate::metrics;
+use crate::read_state::UserReadStates;
+use crate::store::Store;
+pub(crate) use shard::{Due, Shard, ShardGauges, ShardStats};
+
+/// How many uncached users one request loads at once.
+const LOADS_PER_REQUEST: usize = 64;
+
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// Read states (not users) held in memory, over all shards.
+    pub capacity: usize,
+    pub shards: usize,
+    /// How long after a user's first unwritten change its write starts.
+    pub write_delay: Duration,
+    /// Unwritten read states beyond which changes are refused.
+    pub max_unwritten: usize,
+}
+
+#[derive(Debug)]
+pub struct Cache {
+    shards: Box<[Mutex<Shard>]>,
+    /// Wakes the flusher of the shard with the same index.
+    wakers: Box<[Notify]>,
+    store: Arc<dyn Store>,
+    config: CacheConfig,
+    /// Unwritten read states over all shards (each shard adds its part).
+    dirty_total: Arc<AtomicUsize>,
+}
+
+impl Cache {
+    pub fn new(config: CacheConfig, store: Arc<dyn Store>) -> Arc<Cache> {
+        let shards = config.shards.max(1);
+        let per_shard = config.capacity.div_ceil(shards).max(1);
+        let dirty_total = Arc::new(AtomicUsize::new(0));
+        Arc::new(Cache {
+            shards: (0..shards)
+                .map(|_| Mutex::new(Shard::new(per_shard, dirty_total.clone())))
+                .collect(),
+            wakers: (0..shards).map(|_| Notify::new()).collect(),
+            store,
+            config,
+            dirty_total,
+        })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Reads a user's read states.
+    pub async fn read<R>(
+        self: &Arc<Self>,
+        user_id: u64,
+        mut f: impl FnMut(&UserReadStates) -> R,
+    ) -> Result<R, Error> {
+        self.with_user(user_id, |shard, now| {
+            shard.apply(user_id, now, self.config.write_delay, |user| f(user))
+        })
+        .await
+    }
+
+    /// Changes a user's read states; `f` gets the clock for the version.
+    pub async fn update<R>(
+        self: &Arc<Self>,
+        user_id: u64,
+        mut f: impl FnMut(&mut UserReadStates, u64) -> R,
+    ) -> Result<R, Error> {
+        self.check_unwritten()?;
+        self.with_user(user_id, |shard, now| {
+            shard.apply(user_id, now, self.config.write_delay, |user| {
+                f(user, clock::now_micros())
+            })
+        })
+        .await
+    }
+
+    /// Runs `f` for each of `user_ids` (with its index; results in order),
+    /// after loading every uncached one, so that a failed load fails the
+    /// request before anything is changed.
+    pub async fn update_many<R>(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        mut f: impl FnMut(usize, &mut UserReadStates, u64) -> R,
+    ) -> Result<Vec<R>, Error> {
+        self.check_unwritten()?;
+        self.load_all(user_ids).await?;
+        let mut results = Vec::with_capacity(user_ids.len());
+        for (index, &user_id) in user_ids.iter().enumerate() {
+            let result = self
+                .with_user(user_id, |shard, now| {
+                    shard.apply(user_id, now, self.config.write_delay, |user| {
+                        f(index, user, clock::now_micros())
+                    })
+                })
+                .await?;
+            results.push(result);
+        }
+        Ok(results)
+    }
+
+    /// Reads each of `user_ids`, results in order.
+    pub async fn read_many<R>(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        mut f: impl FnMut(&UserReadStates) -> R,
+    ) -> Result<Vec<R>, Error> {
+        self.load_all(user_ids).await?;
+        let mut results = Vec::with_capacity(user_ids.len());
+        for &user_id in user_ids {
+            results.push(self.read(user_id, &mut f).await?);
+        }
+        Ok(results)
+    }
+
+    /// Loads every uncached user among `user_ids`, several at a time.
+    async fn load_all(self: &Arc<Self>, user_ids: &[u64]) -> Result<(), Error> {
+        let missing: Vec<u64> = user_ids
+            .iter()
+            .copied()
+            .filter(|&id| !self.lock(self.shard_of(id)).contains(id))
+            .collect();
+        let mut loads = futures::stream::iter(missing)
+            .map(|id| self.with_user(id, move |shard, _| shard.contains(id).then_some(())))
+            .buffer_unordered(LOADS_PER_REQUEST);
+        while let Some(result) = loads.next().await {
+            result?;
+        }
+        Ok(())
+    }
+
+    fn check_unwritten(&self) -> Result<(), Error> {
+        let dirty = self.dirty_total.load(Ordering::Relaxed);
+        if dirty >= self.config.max_unwritten {
+            return Err(Error::TooManyUnwritten {
+                dirty,
+                limit: self.config.max_unwritten,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `attempt` under the user's shard lock until it finds the user
+    /// held, loading the user from the store in between.
+    async fn with_user<R>(
+        self: &Arc<Self>,
+        user_id: u64,
+        mut attempt: impl FnMut(&mut Shard, Instant) -> Option<R>,
+    ) -> Result<R, Error> {
+        let index = self.shard_of(user_id);
+        loop {
+            let mut load = {
+                let mut shard = self.lock(index);
+                if let Some(result) = attempt(&mut shard, Instant::now()) {
+                    let wake = shard.take_wake();
+                    drop(shard);
+                    if wake {
+                        self.wakers[index].notify_one();
+                    }
+                    return Ok(result);
+                }
+                match shard.loading.get(&user_id) {
+                    Some(load) => load.clone(),
+                    None => self.start_load(&mut shard, index, user_id),
+                }
+            };
+            // An error from `wait_for` means the loader is gone: try again.
+            if let Ok(result) = load.wait_for(Option::is_some).await
+                && let Some(Err(reason)) = &*result
+            {
+                return Err(Error::LoadFailed {
+                    user_id,
+                    reason: reason.clone(),
+                });
+            }
+        }
+    }
+
+    /// Spawns the load of `user_id` (a task, so that a cancelled request
+    /// cannot strand the requests waiting on it) and registers it.
+    fn start_load(
+        self: &Arc<Self>,
+        shard: &mut Shard,
+        index: usize,
+        user_id: u64,
+    ) -> watch::Receiver<shard::LoadResult> {
+        let (done, load) = watch::channel(None);
+        shard.loading.insert(user_id, load.clone());
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = cache.store.load(user_id).await;
+            metrics::store_operation(
+                cache.store.name(),
+                "load",
+                started.elapsed(),
+                result.is_ok(),
+            );
+            let mut shard = cache.lock(index);
+            shard.loading.remove(&user_id);
+            let shared = match result {
+                Ok(stored) => {
+                    if !shard.contains(user_id) {
+                        let mut user = stored.into_user();
+                        user.prune_tombstones(clock::now_micros());
+                        shard.insert_loaded(user_id, user);
+                    }
+                    Ok(())
+                }
+                Err(e) => {
+                    tracing::warn!(user_id, error = %e, "load failed");
+                    Err(e.to_string())
+                }
+            };
+            let wake = shard.take_wake();
+            drop(shard);
+            if wake {
+                cache.wakers[index].notify_one();
+            }
+            // Nobody waiting is fine.
+            let _ = done.send(Some(shared));
+        });
+        load
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Snowflake ids carry a timestamp in the high bits and a counter in the
+    /// low ones; a multiplicative hash spreads both over the shards.
+    pub(crate) fn shard_of(&self, user_id: u64) -> usize {
+        let mixed = user_id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((mixed >> 32) as usize) % self.shards.len()
+    }
+
+    pub(crate) fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
+        // Shard code does not panic while it holds the lock with data half
+        // changed; if something did, the counters are the worst of it.
+        self.shards[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn waker(&self, index: usize) -> &Notify {
+        &self.wakers[index]
+    }
+
+    /// Unwritten read states over all shards.
+    pub fn unwritten(&self) -> usize {
+        self.dirty_total.load(Ordering::Relaxed)
+    }
+
+    /// A snapshot of every shard's gauges and counters, summed.
+    pub(crate) fn stats(&self) -> (ShardGauges, ShardStats) {
+        let mut gauges = ShardGauges::default();
+        let mut stats = ShardStats::default();
+        for index in 0..self.shards.len() {
+            let shard = self.lock(index);
+            let g = shard.gauges();
+            gauges.users += g.users;
+            gauges.read_states += g.read_states;
+            gauges.dirty += g.dirty;
+            gauges.oldest_dirty = gauges.oldest_dirty.into_iter().chain(g.oldest_dirty).min();
+            stats.hits += shard.stats.hits;
+            stats.misses += shard.stats.misses;
+            stats.evictions += shard.stats.evictions;
+            stats.evictions_dirty += shard.stats.evictions_dirty;
+        }
+        (gauges, stats)
+    }
+}

@@ -1,0 +1,365 @@
+//! One shard of the cache: users in LRU order, counted in read states, and the
+//! shard's write-behind queues, all behind the shard's one lock.
+//!
+//! Everything here is synchronous and runs under that lock, so it never awaits
+//! and never does I/O: it only moves users between the LRU, the eviction
+//! buffer and the queues, and hands out snapshots for the flusher to write.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lru::LruCache;
+use tokio::sync::watch;
+use tokio::time::{Duration, Instant};
+
+use crate::read_state::UserReadStates;
+use crate::store::UserWrite;
+
+/// A cached user and its write-behind state.
+#[derive(Debug)]
+pub(crate) struct CachedUser {
+    pub(crate) states: UserReadStates,
+    /// When its oldest unwritten change was made; `None` when clean.
+    dirty_since: Option<Instant>,
+    /// There is an entry for it in a queue (maybe a stale one).
+    queued: bool,
+    /// A write of it is under way; no second one may start (an older
+    /// snapshot must never land after a newer one).
+    in_flight: bool,
+}
+
+impl CachedUser {
+    fn new(states: UserReadStates) -> CachedUser {
+        CachedUser {
+            states,
+            dirty_since: None,
+            queued: false,
+            in_flight: false,
+        }
+    }
+}
+
+/// The result of a load shared by every request that waited for it.
+pub(crate) type LoadResult = Option<Result<(), String>>;
+
+/// What the flusher should do next for this shard.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Write this user now.
+    User(u64),
+    /// Nothing is due before this instant (`None`: nothing is queued).
+    Wait(Option<Instant>),
+}
+
+/// Counters a shard keeps for the metrics sampler (plain integers: they are
+/// only touched under the lock).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ShardStats {
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) evictions: u64,
+    pub(crate) evictions_dirty: u64,
+}
+
+/// A snapshot of one shard, for the metrics sampler.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ShardGauges {
+    pub(crate) users: usize,
+    pub(crate) read_states: usize,
+    pub(crate) dirty: usize,
+    pub(crate) oldest_dirty: Option<Instant>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shard {
+    /// Cached users, least recently used first out.
+    users: LruCache<u64, CachedUser>,
+    /// Read states (and tombstones) held by `users`.
+    read_states: usize,
+    /// The most read states `users` may hold.
+    capacity: usize,
+    /// Users evicted with unwritten changes, kept until they are written so
+    /// that a request for one sees its latest state.
+    evicted: HashMap<u64, CachedUser>,
+    /// Users being loaded from the store; late requests wait on the same load.
+    pub(crate) loading: HashMap<u64, watch::Receiver<LoadResult>>,
+    /// Users to write `write_delay` after their first change, in time order
+    /// (the delay is constant, so FIFO is deadline order).
+    delayed: VecDeque<(Instant, u64)>,
+    /// Users to write as soon as possible (evicted, or changed while written).
+    ready: VecDeque<u64>,
+    /// Users with a write under way.
+    in_flight: HashSet<u64>,
+    /// Unwritten read states in this shard, cached or evicted.
+    dirty: usize,
+    /// The same, summed over all shards, for the memory bound.
+    dirty_total: Arc<AtomicUsize>,
+    pub(crate) stats: ShardStats,
+    /// Something was queued since the flusher was last woken.
+    wake: bool,
+}
+
+impl Shard {
+    pub(crate) fn new(capacity: usize, dirty_total: Arc<AtomicUsize>) -> Shard {
+        Shard {
+            users: LruCache::unbounded(),
+            read_states: 0,
+            capacity,
+            evicted: HashMap::new(),
+            loading: HashMap::new(),
+            delayed: VecDeque::new(),
+            ready: VecDeque::new(),
+            in_flight: HashSet::new(),
+            dirty: 0,
+            dirty_total,
+            stats: ShardStats::default(),
+            wake: false,
+        }
+    }
+
+    /// Whether the user is held (cached or awaiting its eviction write). An
+    /// evicted user found here goes back into the LRU.
+    pub(crate) fn contains(&mut self, user_id: u64) -> bool {
+        if self.users.contains(&user_id) {
+            return true;
+        }
+        match self.evicted.remove(&user_id) {
+            Some(user) => {
+                self.insert(user_id, user);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs `f` on a held user, keeping the counters and queues in step with
+    /// what it changed. `None` if the user is not held.
+    pub(crate) fn apply<R>(
+        &mut self,
+        user_id: u64,
+        now: Instant,
+        write_delay: Duration,
+        f: impl FnOnce(&mut UserReadStates) -> R,
+    ) -> Option<R> {
+        if !self.contains(user_id) {
+            self.stats.misses += 1;
+            return None;
+        }
+        self.stats.hits += 1;
+        let user = self.users.get_mut(&user_id)?;
+        let (len, dirty, version) = (
+            user.states.len(),
+            user.states.dirty_count(),
+            user.states.version(),
+        );
+        let result = f(&mut user.states);
+        let (new_len, new_dirty) = (user.states.len(), user.states.dirty_count());
+        let changed = user.states.version() != version;
+        if changed && user.dirty_since.is_none() {
+            user.dirty_since = Some(now);
+        }
+        let schedule = changed && !user.queued && !user.in_flight;
+        if schedule {
+            user.queued = true;
+        }
+        self.read_states = self.read_states + new_len - len;
+        self.adjust_dirty(dirty, new_dirty);
+        if schedule {
+            self.wake |= self.delayed.is_empty();
+            self.delayed.push_back((now + write_delay, user_id));
+        }
+        self.evict_over_capacity(user_id);
+        Some(result)
+    }
+
+    /// Caches a user just loaded from the store.
+    pub(crate) fn insert_loaded(&mut self, user_id: u64, states: UserReadStates) {
+        self.insert(user_id, CachedUser::new(states));
+        self.evict_over_capacity(user_id);
+    }
+
+    fn insert(&mut self, user_id: u64, user: CachedUser) {
+        self.read_states += user.states.len();
+        if let Some(old) = self.users.put(user_id, user) {
+            self.read_states -= old.states.len();
+        }
+    }
+
+    /// Evicts least recently used users until the shard is within capacity,
+    /// never `keep` (the user being served). Dirty users go to the eviction
+    /// buffer and the ready queue.
+    fn evict_over_capacity(&mut self, keep: u64) {
+        while self.read_states > self.capacity {
+            let Some((&oldest, _)) = self.users.peek_lru() else {
+                break;
+            };
+            if oldest == keep {
+                // Only the user being served is left: let it overflow.
+                if self.users.len() == 1 {
+                    break;
+                }
+                self.users.promote(&keep);
+                continue;
+            }
+            let Some((user_id, mut user)) = self.users.pop_lru() else {
+                break;
+            };
+            self.read_states -= user.states.len();
+            self.stats.evictions += 1;
+            if user.states.is_dirty() || user.in_flight {
+                self.stats.evictions_dirty += 1;
+                if !user.in_flight {
+                    user.queued = true;
+                    self.ready.push_back(user_id);
+                    self.wake = true;
+                }
+                self.evicted.insert(user_id, user);
+            }
+        }
+    }
+
+    /// Pops the next user due for a write at `now`, skipping stale entries.
+    pub(crate) fn next_due(&mut self, now: Instant) -> Due {
+        loop {
+            let user_id = if let Some(user_id) = self.ready.pop_front() {
+                user_id
+            } else {
+                match self.delayed.front() {
+                    Some(&(deadline, user_id)) if deadline <= now => {
+                        self.delayed.pop_front();
+                        user_id
+                    }
+                    Some(&(deadline, _)) => return Due::Wait(Some(deadline)),
+                    None => return Due::Wait(None),
+                }
+            };
+            if let Some(user) = self.user_mut(user_id) {
+                user.queued = false;
+                if user.states.is_dirty() && !user.in_flight {
+                    return Due::User(user_id);
+                }
+            }
+        }
+    }
+
+    /// Every dirty user not already being written, for the final flush.
+    pub(crate) fn all_dirty(&self) -> Vec<u64> {
+        let cached = self.users.iter().map(|(&id, u)| (id, u));
+        cached
+            .chain(self.evicted.iter().map(|(&id, u)| (id, u)))
+            .filter(|(_, u)| u.states.is_dirty() && !u.in_flight)
+            .map(|(id, _)| id)
+            .collect()
+    }
+
+    /// Starts (or, with `retry`, continues) a write of `user_id`: marks it in
+    /// flight and returns what to write, or `None` if there is nothing to
+    /// write or another write of it is under way.
+    pub(crate) fn begin_flush(&mut self, user_id: u64, retry: bool) -> Option<UserWrite> {
+        let user = self.user_mut(user_id)?;
+        if user.in_flight != retry || !user.states.is_dirty() {
+            return None;
+        }
+        user.in_flight = true;
+        let write = UserWrite::of(user_id, &user.states);
+        self.in_flight.insert(user_id);
+        Some(write)
+    }
+
+    /// A write of `user_id` up to `version` succeeded (`Some`) or was given up
+    /// (`None`). Clears what it wrote and queues what changed meanwhile.
+    pub(crate) fn finish_flush(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
+        self.in_flight.remove(&user_id);
+        let evicted = self.evicted.contains_key(&user_id);
+        let Some(user) = self.user_mut(user_id) else {
+            return;
+        };
+        user.in_flight = false;
+        let (len, dirty) = (user.states.len(), user.states.dirty_count());
+        if let Some(version) = version {
+            user.states.mark_flushed(version);
+            user.states.prune_tombstones(now_us);
+        }
+        let (new_len, new_dirty) = (user.states.len(), user.states.dirty_count());
+        let still_dirty = user.states.is_dirty();
+        if !still_dirty {
+            user.dirty_since = None;
+        }
+        let requeue = still_dirty && !user.queued && version.is_some();
+        if requeue {
+            user.queued = true;
+        }
+        self.adjust_dirty(dirty, new_dirty);
+        if evicted {
+            if !still_dirty {
+                self.evicted.remove(&user_id);
+            }
+        } else {
+            self.read_states = self.read_states + new_len - len;
+        }
+        if requeue {
+            self.ready.push_back(user_id);
+            self.wake = true;
+        }
+    }
+
+    pub(crate) fn gauges(&self) -> ShardGauges {
+        let since = |id: &u64| {
+            self.users
+                .peek(id)
+                .or_else(|| self.evicted.get(id))?
+                .dirty_since
+        };
+        let oldest_dirty = self
+            .delayed
+            .front()
+            .map(|(_, id)| id)
+            .into_iter()
+            .chain(self.ready.iter())
+            .chain(self.in_flight.iter())
+            .chain(self.evicted.keys())
+            .filter_map(since)
+            .min();
+        ShardGauges {
+            users: self.users.len(),
+            read_states: self.read_states,
+            dirty: self.dirty,
+            oldest_dirty,
+        }
+    }
+
+    /// Whether the flusher must be woken for what was queued since last asked.
+    pub(crate) fn take_wake(&mut self) -> bool {
+        std::mem::take(&mut self.wake)
+    }
+
+    fn adjust_dirty(&mut self, before: usize, after: usize) {
+        self.dirty = self.dirty + after - before;
+        if after >= before {
+            self.dirty_total
+                .fetch_add(after - before, Ordering::Relaxed);
+        } else {
+            self.dirty_total
+                .fetch_sub(before - after, Ordering::Relaxed);
+        }
+    }
+
+    /// A held user without touching LRU order.
+    pub(crate) fn peek(&self, user_id: u64) -> Option<&UserReadStates> {
+        self.users
+            .peek(&user_id)
+            .or_else(|| self.evicted.get(&user_id))
+            .map(|u| &u.states)
+    }
+
+    fn user_mut(&mut self, user_id: u64) -> Option<&mut CachedUser> {
+        match self.users.peek_mut(&user_id) {
+            Some(user) => Some(user),
+            None => self.evicted.get_mut(&user_id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,41 @@
+//! `Ack`: a user read a channel up to a message, or marked it unread.
+
+use std::sync::Arc;
+
+use super::validate;
+use crate::cache::Cache;
+use crate::error::Error;
+use crate::proto::{AckRequest, AckResponse};
+use crate::read_state::Key;
+
+pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckResponse, Error> {
+    let user_id = validate::id("user_id", request.user_id)?;
+    let key = Key {
+        channel_id: validate::id("channel_id", request.channel_id)?,
+        kind: validate::kind("kind", request.kind)?,
+    };
+    if !request.manual {
+        validate::id("message_id", request.message_id)?;
+    }
+    cache
+        .update(user_id, |user, now_us| {
+            let applied = if request.manual {
+                user.manual_ack(
+                    key,
+                    request.message_id,
+                    request.mention_count,
+                    request.unread_count,
+                    now_us,
+                );
+                true
+            } else {
+                user.ack(key, request.message_id, now_us).is_some()
+            };
+            AckResponse {
+                applied,
+                version: user.version(),
+                read_state: user.get(key).map(Into::into),
+            }
+        })
+        .await
+}

@@ -1,0 +1,40 @@
+//! `BulkAck`: normal acks of several channels of one user, as one change.
+
+use std::sync::Arc;
+
+use super::validate;
+use crate::cache::Cache;
+use crate::error::Error;
+use crate::proto::{BulkAckRequest, BulkAckResponse};
+
+pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAckResponse, Error> {
+    let user_id = validate::id("user_id", request.user_id)?;
+    validate::at_most(
+        "entries",
+        request.entries.len(),
+        validate::MAX_BULK_ACK_ENTRIES,
+    )?;
+    let acks = request
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            let key = validate::key(&format!("entries[{i}]"), entry.channel_id, entry.kind)?;
+            let message_id = validate::id(&format!("entries[{i}].message_id"), entry.message_id)?;
+            Ok((key, message_id))
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    cache
+        .update(user_id, |user, now_us| {
+            user.bulk_ack(&acks, now_us);
+            BulkAckResponse {
+                version: user.version(),
+                read_states: acks
+                    .iter()
+                    .filter_map(|&(key, _)| user.get(key))
+                    .map(Into::into)
+                    .collect(),
+            }
+        })
+        .await
+}

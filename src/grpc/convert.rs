@@ -1,0 +1,26 @@
+//! Domain types to protobuf messages.
+
+use crate::proto;
+use crate::read_state::{Key, ReadState};
+
+impl From<&ReadState> for proto::ReadState {
+    fn from(state: &ReadState) -> Self {
+        proto::ReadState {
+            channel_id: state.channel_id,
+            kind: state.kind as i32,
+            last_acked_id: state.last_acked_id,
+            mention_count: state.mention_count,
+            unread_count: state.unread_count,
+            version: state.version,
+        }
+    }
+}
+
+impl From<Key> for proto::ReadStateKey {
+    fn from(key: Key) -> Self {
+        proto::ReadStateKey {
+            channel_id: key.channel_id,
+            kind: key.kind as i32,
+        }
+    }
+}

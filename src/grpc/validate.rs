@@ -1,0 +1,50 @@
+//! Checks of request fields, each naming the field and the limit it broke.
+
+use crate::error::Error;
+use crate::read_state::{Key, Kind};
+
+pub const MAX_CHANNEL_IDS: usize = 1_000;
+pub const MAX_BULK_ACK_ENTRIES: usize = 100;
+pub const MAX_MESSAGE_USERS: usize = 10_000;
+pub const MAX_DELETE_KEYS: usize = 1_000;
+pub const MAX_BADGE_USERS: usize = 1_000;
+
+/// A snowflake id, which is never 0.
+pub fn id(field: &str, value: u64) -> Result<u64, Error> {
+    if value == 0 {
+        return Err(Error::invalid(field, "must not be 0"));
+    }
+    Ok(value)
+}
+
+pub fn kind(field: &str, value: i32) -> Result<Kind, Error> {
+    u8::try_from(value)
+        .ok()
+        .and_then(Kind::from_u8)
+        .ok_or_else(|| Error::invalid(field, format!("unknown read state kind {value}")))
+}
+
+pub fn key(field: &str, channel_id: u64, kind: i32) -> Result<Key, Error> {
+    Ok(Key {
+        channel_id: id(&format!("{field}.channel_id"), channel_id)?,
+        kind: self::kind(&format!("{field}.kind"), kind)?,
+    })
+}
+
+pub fn at_most(field: &str, len: usize, limit: usize) -> Result<(), Error> {
+    if len > limit {
+        return Err(Error::invalid(
+            field,
+            format!("{len} items, at most {limit} allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every id in `values` is non-zero; errors name the index.
+pub fn ids(field: &str, values: &[u64]) -> Result<(), Error> {
+    match values.iter().position(|&v| v == 0) {
+        Some(i) => Err(Error::invalid(format!("{field}[{i}]"), "must not be 0")),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,34 @@
+//! readstates: for every user and every channel, how far the user has read and
+//! how many unread messages and @mentions wait there, served over gRPC.
+//!
+//! # Layout
+//! - [`config`], [`telemetry`], [`shutdown`]: process plumbing.
+//! - [`app`]: wires the parts together and runs them; `main.rs` only calls it.
+//! - [`read_state`]: the domain, its rules and per-user versions.
+//! - [`cache`]: sharded LRU of users, loading on miss.
+//! - [`write_behind`]: writes changed users to the store after a delay.
+//! - [`store`]: the [`store::Store`] trait and its implementations.
+//! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
+//!   gRPC statuses; [`proto`] is the generated code.
+//! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
+//!
+//! # Data flow
+//! gRPC handler → validated domain call → cache shard (applied under its
+//! lock, user queued) → write-behind → store. Nothing flows back except a
+//! user loaded on a miss.
+
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod cache;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod metrics;
+pub mod proto;
+pub mod read_state;
+pub mod shutdown;
+pub mod store;
+pub mod telemetry;
+pub mod write_behind;

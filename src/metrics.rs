@@ -1,0 +1,165 @@
+//! Every metric the service exports, named in one place, and the Prometheus
+//! recorder behind them.
+//!
+//! Hot-path counters (cache hits, misses, evictions) are plain integers in the
+//! shards; a sampler copies them and the shard gauges out once a second, so a
+//! request never pays for a metrics registry lookup it does not need.
+
+pub mod server;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::Cache;
+
+pub const REQUESTS: &str = "readstates_requests_total";
+pub const REQUEST_DURATION: &str = "readstates_request_duration_seconds";
+pub const CACHE_HITS: &str = "readstates_cache_hits_total";
+pub const CACHE_MISSES: &str = "readstates_cache_misses_total";
+pub const CACHE_EVICTIONS: &str = "readstates_cache_evictions_total";
+pub const CACHE_EVICTIONS_DIRTY: &str = "readstates_cache_evictions_unwritten_total";
+pub const CACHED_USERS: &str = "readstates_cached_users";
+pub const CACHED_READ_STATES: &str = "readstates_cached_read_states";
+pub const UNWRITTEN_READ_STATES: &str = "readstates_unwritten_read_states";
+pub const OLDEST_UNWRITTEN: &str = "readstates_oldest_unwritten_change_seconds";
+pub const STORE_OPERATIONS: &str = "readstates_store_operations_total";
+pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
+pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
+pub const BUILD_INFO: &str = "readstates_build_info";
+
+/// Every name above, for the uniqueness test.
+pub const ALL: [&str; 14] = [
+    REQUESTS,
+    REQUEST_DURATION,
+    CACHE_HITS,
+    CACHE_MISSES,
+    CACHE_EVICTIONS,
+    CACHE_EVICTIONS_DIRTY,
+    CACHED_USERS,
+    CACHED_READ_STATES,
+    UNWRITTEN_READ_STATES,
+    OLDEST_UNWRITTEN,
+    STORE_OPERATIONS,
+    STORE_DURATION,
+    STORE_WRITTEN,
+    BUILD_INFO,
+];
+
+const LATENCY_BUCKETS: [f64; 16] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 10.0,
+];
+
+/// The process-wide recorder, installed on first use (a process holds one
+/// recorder; tests start several applications in one process).
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(REQUEST_DURATION.into()),
+                        &LATENCY_BUCKETS,
+                    )
+                })
+                .map(PrometheusBuilder::build_recorder)
+                .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
+            }
+            gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            handle
+        })
+        .clone()
+}
+
+/// One gRPC request ended with `code`.
+pub fn request(method: &'static str, code: tonic::Code, elapsed: Duration) {
+    counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
+    histogram!(REQUEST_DURATION, "method" => method).record(elapsed.as_secs_f64());
+}
+
+/// One store operation (`load` or `write`) ended.
+pub fn store_operation(store: &'static str, operation: &'static str, elapsed: Duration, ok: bool) {
+    let result = if ok { "ok" } else { "error" };
+    counter!(STORE_OPERATIONS, "store" => store, "operation" => operation, "result" => result)
+        .increment(1);
+    histogram!(STORE_DURATION, "store" => store, "operation" => operation)
+        .record(elapsed.as_secs_f64());
+}
+
+/// A successful write carried this many read states.
+pub fn store_written(read_states: usize) {
+    counter!(STORE_WRITTEN).increment(read_states as u64);
+}
+
+/// Copies the cache's counters and gauges into the recorder every second.
+pub fn spawn_sampler(cache: Arc<Cache>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => sample(&cache),
+                () = stop.cancelled() => return,
+            }
+        }
+    })
+}
+
+fn sample(cache: &Cache) {
+    let (gauges, stats) = cache.stats();
+    counter!(CACHE_HITS).absolute(stats.hits);
+    counter!(CACHE_MISSES).absolute(stats.misses);
+    counter!(CACHE_EVICTIONS).absolute(stats.evictions);
+    counter!(CACHE_EVICTIONS_DIRTY).absolute(stats.evictions_dirty);
+    gauge!(CACHED_USERS).set(gauges.users as f64);
+    gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
+    gauge!(UNWRITTEN_READ_STATES).set(gauges.dirty as f64);
+    let oldest = gauges
+        .oldest_dirty
+        .map_or(0.0, |since| (Instant::now() - since).as_secs_f64());
+    gauge!(OLDEST_UNWRITTEN).set(oldest);
+}
+
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn metric_names_are_unique_and_prefixed() {
+        let mut names = super::ALL.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), super::ALL.len());
+        assert!(names.iter().all(|n| n.starts_with("readstates_")));
+    }
+}

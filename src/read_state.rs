@@ -1,0 +1,441 @@
+//! The domain: one user's read states and the rules that change them.
+//!
+//! Everything here is synchronous and pure (the caller passes the clock in), so
+//! the rules are tested without a runtime: a normal ack only moves forward and
+//! resets the counters, a manual ack rewinds, a new message counts only past
+//! the last ack, and every applied change raises the user's version.
+//!
+//! Write-behind bookkeeping lives here too, as versions: a read state is dirty
+//! when its version is above `flushed_version`, the version up to which the
+//! store is known to hold this user. No per-entry flag is needed, and a write
+//! that raced with newer changes leaves exactly those newer changes dirty.
+
+use std::time::Duration;
+
+/// What a read state tracks. `Channel` is almost everything; the others are
+/// non-message badges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    Channel = 0,
+    GuildEvent = 1,
+    NotificationCenter = 2,
+    GuildHome = 3,
+    GuildOnboardingQuestion = 4,
+    MessageRequests = 5,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Channel,
+        Kind::GuildEvent,
+        Kind::NotificationCenter,
+        Kind::GuildHome,
+        Kind::GuildOnboardingQuestion,
+        Kind::MessageRequests,
+    ];
+
+    /// The kind with this wire number, if there is one.
+    pub fn from_u8(value: u8) -> Option<Kind> {
+        Kind::ALL.get(usize::from(value)).copied()
+    }
+}
+
+/// Identifies a read state within one user.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    pub kind: Kind,
+    pub channel_id: u64,
+}
+
+impl Key {
+    pub fn channel(channel_id: u64) -> Key {
+        Key {
+            kind: Kind::Channel,
+            channel_id,
+        }
+    }
+}
+
+/// One read state, or the tombstone of a deleted one (kept so that deltas can
+/// report the deletion). 40 bytes; field order keeps it so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadState {
+    pub channel_id: u64,
+    /// The last message the user has read; 0 if none.
+    pub last_acked_id: u64,
+    /// The user's version when this read state last changed.
+    pub version: u64,
+    pub mention_count: u32,
+    pub unread_count: u32,
+    pub kind: Kind,
+    pub deleted: bool,
+}
+
+impl ReadState {
+    fn new(key: Key) -> ReadState {
+        ReadState {
+            channel_id: key.channel_id,
+            last_acked_id: 0,
+            version: 0,
+            mention_count: 0,
+            unread_count: 0,
+            kind: key.kind,
+            deleted: false,
+        }
+    }
+
+    pub fn key(&self) -> Key {
+        Key {
+            kind: self.kind,
+            channel_id: self.channel_id,
+        }
+    }
+
+    /// Counts towards the unread-channel badge.
+    pub fn is_unread(&self) -> bool {
+        !self.deleted && (self.mention_count > 0 || self.unread_count > 0)
+    }
+}
+
+/// Tombstones older than this are dropped; a delta from before the oldest one
+/// dropped is answered with the full set.
+pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// At most this many tombstones are kept per user, for the same reason.
+pub const MAX_TOMBSTONES_PER_USER: usize = 256;
+
+/// The answer to "what changed since version N".
+#[derive(Debug, PartialEq, Eq)]
+pub struct Delta<'a> {
+    /// False: `read_states` is the full set and replaces what the client holds.
+    pub partial: bool,
+    pub read_states: Vec<&'a ReadState>,
+    pub deleted: Vec<Key>,
+}
+
+/// The badge numbers of one user.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub total_mention_count: u64,
+    pub unread_channel_count: u32,
+}
+
+/// All read states of one user, sorted by key, with the user's version.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UserReadStates {
+    /// Rises on every applied change: `max(previous + 1, now_µs)`.
+    version: u64,
+    /// The store holds every change up to this version.
+    flushed_version: u64,
+    /// A delta since a version below this cannot be exact.
+    delta_floor: u64,
+    /// The version of the last "delete all"; the store must drop the user's
+    /// rows before the next write if it is above `flushed_version`.
+    cleared_version: u64,
+    /// Entries with `version > flushed_version`.
+    dirty: u32,
+    /// Live read states and tombstones, sorted by key. A boxed slice would
+    /// save 8 bytes but cost a reallocation on every insert.
+    entries: Vec<ReadState>,
+}
+
+impl UserReadStates {
+    /// A user as the store holds it: everything in it is already written.
+    pub fn from_stored(version: u64, delta_floor: u64, mut entries: Vec<ReadState>) -> Self {
+        entries.sort_unstable_by_key(ReadState::key);
+        entries.dedup_by_key(|e| e.key());
+        entries.shrink_to_fit();
+        let version = entries.iter().map(|e| e.version).fold(version, u64::max);
+        UserReadStates {
+            version,
+            flushed_version: version,
+            delta_floor,
+            cleared_version: 0,
+            dirty: 0,
+            entries,
+        }
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn flushed_version(&self) -> u64 {
+        self.flushed_version
+    }
+
+    pub fn delta_floor(&self) -> u64 {
+        self.delta_floor
+    }
+
+    /// Read states and tombstones held, the unit of cache capacity.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Has changes the store does not hold yet.
+    pub fn is_dirty(&self) -> bool {
+        self.version > self.flushed_version
+    }
+
+    /// Entries (read states and tombstones) not yet written.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty as usize
+    }
+
+    /// The live read state for `key`.
+    pub fn get(&self, key: Key) -> Option<&ReadState> {
+        self.position(key)
+            .ok()
+            .map(|i| &self.entries[i])
+            .filter(|e| !e.deleted)
+    }
+
+    /// Every live read state, sorted by key.
+    pub fn live(&self) -> impl Iterator<Item = &ReadState> {
+        self.entries.iter().filter(|e| !e.deleted)
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.live().fold(Counts::default(), |mut counts, e| {
+            counts.total_mention_count += u64::from(e.mention_count);
+            counts.unread_channel_count += u32::from(e.is_unread());
+            counts
+        })
+    }
+
+    /// What changed after `since`, or the full set when `since` is 0 or no
+    /// exact delta can be given (tombstones dropped, a wipe, a version from
+    /// the future).
+    pub fn delta(&self, since: u64) -> Delta<'_> {
+        if since == 0 || since < self.delta_floor || since > self.version {
+            return Delta {
+                partial: false,
+                read_states: self.live().collect(),
+                deleted: Vec::new(),
+            };
+        }
+        let changed = self.entries.iter().filter(|e| e.version > since);
+        let (deleted, live): (Vec<&ReadState>, Vec<&ReadState>) = changed.partition(|e| e.deleted);
+        Delta {
+            partial: true,
+            read_states: live,
+            deleted: deleted.iter().map(|e| e.key()).collect(),
+        }
+    }
+
+    /// A normal ack: moves `last_acked_id` forward to `message_id` and resets
+    /// both counters. Returns the new read state, or `None` when `message_id`
+    /// is not past the last ack and nothing changed.
+    pub fn ack(&mut self, key: Key, message_id: u64, now_us: u64) -> Option<ReadState> {
+        let last_acked = self.get(key).map_or(0, |e| e.last_acked_id);
+        if message_id <= last_acked {
+            return None;
+        }
+        let version = self.next_version(now_us);
+        Some(*self.change(key, version, |e| {
+            e.last_acked_id = message_id;
+            e.mention_count = 0;
+            e.unread_count = 0;
+        }))
+    }
+
+    /// A manual ack ("mark unread"): sets everything exactly, even backwards.
+    pub fn manual_ack(
+        &mut self,
+        key: Key,
+        message_id: u64,
+        mention_count: u32,
+        unread_count: u32,
+        now_us: u64,
+    ) -> ReadState {
+        let version = self.next_version(now_us);
+        *self.change(key, version, |e| {
+            e.last_acked_id = message_id;
+            e.mention_count = mention_count;
+            e.unread_count = unread_count;
+        })
+    }
+
+    /// Several normal acks as one change (one version). Returns whether any
+    /// applied.
+    pub fn bulk_ack(&mut self, acks: &[(Key, u64)], now_us: u64) -> bool {
+        let forward = |user: &Self, &(key, id): &(Key, u64)| {
+            id > user.get(key).map_or(0, |e| e.last_acked_id)
+        };
+        if !acks.iter().any(|ack| forward(self, ack)) {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        for ack in acks {
+            if forward(self, ack) {
+                self.change(ack.0, version, |e| {
+                    e.last_acked_id = ack.1;
+                    e.mention_count = 0;
+                    e.unread_count = 0;
+                });
+            }
+        }
+        true
+    }
+
+    /// A new message in `key`'s channel: the unread count (and the mention
+    /// count if `mentioned`) rises, unless the user has already read past it.
+    /// Creates the read state if the user had none. Returns whether it changed.
+    pub fn message_created(
+        &mut self,
+        key: Key,
+        message_id: u64,
+        mentioned: bool,
+        now_us: u64,
+    ) -> bool {
+        let last_acked = self.get(key).map_or(0, |e| e.last_acked_id);
+        if message_id <= last_acked {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        self.change(key, version, |e| {
+            e.unread_count = e.unread_count.saturating_add(1);
+            if mentioned {
+                e.mention_count = e.mention_count.saturating_add(1);
+            }
+        });
+        true
+    }
+
+    /// Deletes the live read states among `keys`, leaving tombstones. Returns
+    /// how many existed.
+    pub fn delete(&mut self, keys: &[Key], now_us: u64) -> u32 {
+        if !keys.iter().any(|&k| self.get(k).is_some()) {
+            return 0;
+        }
+        let version = self.next_version(now_us);
+        let mut deleted = 0;
+        for &key in keys {
+            if self.get(key).is_some() {
+                self.change(key, version, |e| {
+                    *e = ReadState {
+                        deleted: true,
+                        ..ReadState::new(key)
+                    };
+                });
+                deleted += 1;
+            }
+        }
+        deleted
+    }
+
+    /// Deletes every read state of the user. No tombstones: the delta floor
+    /// moves up instead, so any client older than this gets the (empty) full
+    /// set. Returns how many live read states there were.
+    pub fn delete_all(&mut self, now_us: u64) -> u32 {
+        let live = self.live().count() as u32;
+        if self.entries.is_empty() {
+            return 0;
+        }
+        let version = self.next_version(now_us);
+        self.entries = Vec::new();
+        self.dirty = 0;
+        self.delta_floor = version;
+        self.cleared_version = version;
+        live
+    }
+
+    /// Whether the next write must first remove every stored row of the user.
+    pub fn clear_pending(&self) -> bool {
+        self.cleared_version > self.flushed_version
+    }
+
+    /// The entries a write must carry: those changed after `flushed_version`.
+    pub fn dirty_entries(&self) -> impl Iterator<Item = &ReadState> {
+        let flushed = self.flushed_version;
+        self.entries.iter().filter(move |e| e.version > flushed)
+    }
+
+    /// The store now holds everything up to `version`.
+    pub fn mark_flushed(&mut self, version: u64) {
+        if version <= self.flushed_version {
+            return;
+        }
+        self.flushed_version = version;
+        self.dirty = self.dirty_entries().count() as u32;
+    }
+
+    /// Drops written tombstones that are too old or too many, raising the
+    /// delta floor past them. Returns how many were dropped.
+    pub fn prune_tombstones(&mut self, now_us: u64) -> usize {
+        let expired_before = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
+        let mut written: Vec<u64> = self
+            .entries
+            .iter()
+            .filter(|e| e.deleted && e.version <= self.flushed_version)
+            .map(|e| e.version)
+            .collect();
+        if written.is_empty() {
+            return 0;
+        }
+        let tombstones = self.entries.iter().filter(|e| e.deleted).count();
+        let excess = tombstones.saturating_sub(MAX_TOMBSTONES_PER_USER);
+        written.sort_unstable();
+        // Drop every expired one, and the oldest written ones beyond the cap.
+        let expired = written.partition_point(|&v| v < expired_before);
+        let drop = expired.max(excess.min(written.len()));
+        if drop == 0 {
+            return 0;
+        }
+        let cutoff = written[drop - 1];
+        let before = self.entries.len();
+        self.entries.retain(|e| !(e.deleted && e.version <= cutoff));
+        self.delta_floor = self.delta_floor.max(cutoff);
+        before - self.entries.len()
+    }
+
+    fn next_version(&mut self, now_us: u64) -> u64 {
+        self.version = (self.version + 1).max(now_us);
+        self.version
+    }
+
+    fn position(&self, key: Key) -> Result<usize, usize> {
+        self.entries.binary_search_by_key(&key, ReadState::key)
+    }
+
+    /// Applies `update` to the entry for `key` (created, or revived from a
+    /// tombstone, as a fresh read state) and stamps it with `version`.
+    fn change(
+        &mut self,
+        key: Key,
+        version: u64,
+        update: impl FnOnce(&mut ReadState),
+    ) -> &ReadState {
+        let (index, was_dirty) = match self.position(key) {
+            Ok(i) => {
+                let was_dirty = self.entries[i].version > self.flushed_version;
+                if self.entries[i].deleted {
+                    self.entries[i] = ReadState::new(key);
+                }
+                (i, was_dirty)
+            }
+            Err(i) => {
+                // Exact growth: per-user vectors are small and many, and
+                // doubling would waste a third of the cache on average.
+                self.entries.reserve_exact(1);
+                self.entries.insert(i, ReadState::new(key));
+                (i, false)
+            }
+        };
+        if !was_dirty {
+            self.dirty += 1;
+        }
+        let entry = &mut self.entries[index];
+        update(entry);
+        entry.version = version;
+        entry
+    }
+}
+
+#[cfg(test)]
+mod tests;

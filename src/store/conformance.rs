@@ -1,0 +1,102 @@
+//! One behaviour test that every store must pass, run against each of them.
+
+use super::{Store, StoredUser, UserWrite};
+use crate::read_state::{Kind, ReadState};
+
+fn state(channel_id: u64, kind: Kind, version: u64, deleted: bool) -> ReadState {
+    ReadState {
+        channel_id,
+        last_acked_id: if deleted { 0 } else { channel_id * 10 },
+        version,
+        mention_count: if deleted { 0 } else { 2 },
+        unread_count: if deleted { 0 } else { 3 },
+        kind,
+        deleted,
+    }
+}
+
+fn sorted(mut user: StoredUser) -> StoredUser {
+    user.read_states.sort_by_key(ReadState::key);
+    user
+}
+
+pub(crate) async fn check(store: &dyn Store) {
+    assert_eq!(
+        store.load(1).await.unwrap(),
+        StoredUser::default(),
+        "unknown user is empty"
+    );
+
+    let a = state(10, Kind::Channel, 5, false);
+    let b = state(10, Kind::GuildEvent, 5, false);
+    let other = state(99, Kind::Channel, 5, false);
+    let write = |user_id, version, delta_floor, clear, read_states| UserWrite {
+        user_id,
+        version,
+        delta_floor,
+        clear,
+        read_states,
+    };
+    store
+        .write(&write(1, 5, 0, false, vec![a, b]))
+        .await
+        .unwrap();
+    store
+        .write(&write(2, 5, 0, false, vec![other]))
+        .await
+        .unwrap();
+    let loaded = sorted(store.load(1).await.unwrap());
+    assert_eq!(loaded.version, 5);
+    assert_eq!(
+        loaded.read_states,
+        vec![a, b],
+        "same channel, two kinds: two rows"
+    );
+
+    // Overwrite one, tombstone the other; retrying the same write is harmless.
+    let a2 = ReadState {
+        last_acked_id: 500,
+        version: 7,
+        ..a
+    };
+    let b_gone = state(10, Kind::GuildEvent, 7, true);
+    let second = write(1, 7, 0, false, vec![a2, b_gone]);
+    store.write(&second).await.unwrap();
+    store.write(&second).await.unwrap();
+    assert_eq!(
+        sorted(store.load(1).await.unwrap()).read_states,
+        vec![a2, b_gone]
+    );
+
+    // A raised floor purges the tombstones under it.
+    store.write(&write(1, 9, 8, false, vec![])).await.unwrap();
+    let loaded = store.load(1).await.unwrap();
+    assert_eq!((loaded.version, loaded.delta_floor), (9, 8));
+    assert_eq!(loaded.read_states, vec![a2]);
+
+    // A wipe removes everything before the write's own rows, and only this user's.
+    let c = state(11, Kind::Channel, 12, false);
+    store.write(&write(1, 12, 12, true, vec![c])).await.unwrap();
+    assert_eq!(store.load(1).await.unwrap().read_states, vec![c]);
+    assert_eq!(store.load(2).await.unwrap().read_states, vec![other]);
+
+    // The stored version never goes backwards.
+    store.write(&write(1, 3, 0, false, vec![])).await.unwrap();
+    assert_eq!(store.load(1).await.unwrap().version, 12);
+}
+
+#[tokio::test]
+async fn memory_store_conforms() {
+    check(&super::memory::MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn embedded_store_conforms_and_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = super::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    check(&store).await;
+    let before = store.load(1).await.unwrap();
+    drop(store);
+    let reopened = super::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.load(1).await.unwrap(), before);
+}

@@ -1,0 +1,69 @@
+//! A store in a hash map: not durable. For tests and benchmarks, where the
+//! cost or the state of a real store would get in the way.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::read_state::{Key, ReadState};
+
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    users: Mutex<HashMap<u64, MemoryUser>>,
+}
+
+#[derive(Debug, Default)]
+struct MemoryUser {
+    version: u64,
+    delta_floor: u64,
+    rows: BTreeMap<Key, ReadState>,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    fn users(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MemoryUser>> {
+        // A panic elsewhere while holding the lock leaves plain data behind.
+        self.users
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn load(&self, user_id: u64) -> Result<StoredUser, StoreError> {
+        Ok(self
+            .users()
+            .get(&user_id)
+            .map_or_else(StoredUser::default, |user| StoredUser {
+                version: user.version,
+                delta_floor: user.delta_floor,
+                read_states: user.rows.values().copied().collect(),
+            }))
+    }
+
+    async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
+        let mut users = self.users();
+        let user = users.entry(write.user_id).or_default();
+        if write.clear {
+            user.rows.clear();
+        }
+        for state in &write.read_states {
+            user.rows.insert(state.key(), *state);
+        }
+        user.rows
+            .retain(|_, s| !(s.deleted && s.version < write.delta_floor));
+        user.version = user.version.max(write.version);
+        user.delta_floor = user.delta_floor.max(write.delta_floor);
+        Ok(())
+    }
+}
