@@ -79,8 +79,8 @@ impl Cache {
         user_id: u64,
         mut f: impl FnMut(&UserReadStates) -> R,
     ) -> Result<R, Error> {
-        self.with_user(user_id, |shard, now| {
-            shard.apply(user_id, now, self.config.write_delay, |user| f(user))
+        self.with_user(user_id, |shard| {
+            shard.apply(user_id, self.config.write_delay, |user| f(user))
         })
         .await
     }
@@ -92,8 +92,8 @@ impl Cache {
         mut f: impl FnMut(&mut UserReadStates, u64) -> R,
     ) -> Result<R, Error> {
         self.check_unwritten()?;
-        self.with_user(user_id, |shard, now| {
-            shard.apply(user_id, now, self.config.write_delay, |user| {
+        self.with_user(user_id, |shard| {
+            shard.apply(user_id, self.config.write_delay, |user| {
                 f(user, clock::now_micros())
             })
         })
@@ -113,8 +113,8 @@ impl Cache {
         let mut results = Vec::with_capacity(user_ids.len());
         for (index, &user_id) in user_ids.iter().enumerate() {
             let result = self
-                .with_user(user_id, |shard, now| {
-                    shard.apply(user_id, now, self.config.write_delay, |user| {
+                .with_user(user_id, |shard| {
+                    shard.apply(user_id, self.config.write_delay, |user| {
                         f(index, user, clock::now_micros())
                     })
                 })
@@ -146,7 +146,7 @@ impl Cache {
             .filter(|&id| !self.lock(self.shard_of(id)).contains(id))
             .collect();
         let mut loads = futures::stream::iter(missing)
-            .map(|id| self.with_user(id, move |shard, _| shard.contains(id).then_some(())))
+            .map(|id| self.with_user(id, move |shard| shard.contains(id).then_some(())))
             .buffer_unordered(LOADS_PER_REQUEST);
         while let Some(result) = loads.next().await {
             result?;
@@ -170,13 +170,13 @@ impl Cache {
     async fn with_user<R>(
         self: &Arc<Self>,
         user_id: u64,
-        mut attempt: impl FnMut(&mut Shard, Instant) -> Option<R>,
+        mut attempt: impl FnMut(&mut Shard) -> Option<R>,
     ) -> Result<R, Error> {
         let index = self.shard_of(user_id);
         loop {
             let mut load = {
                 let mut shard = self.lock(index);
-                if let Some(result) = attempt(&mut shard, Instant::now()) {
+                if let Some(result) = attempt(&mut shard) {
                     let wake = shard.take_wake();
                     drop(shard);
                     if wake {
@@ -271,6 +271,11 @@ impl Cache {
         &self.wakers[index]
     }
 
+    /// Read states (and tombstones) held in memory over all shards.
+    pub fn stats_read_states(&self) -> usize {
+        self.stats().0.read_states
+    }
+
     /// Unwritten read states over all shards.
     pub fn unwritten(&self) -> usize {
         self.dirty_total.load(Ordering::Relaxed)
@@ -295,3 +300,6 @@ impl Cache {
         (gauges, stats)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -93,3 +93,5 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
 #[cfg(test)]
 pub(crate) mod conformance;
+#[cfg(test)]
+pub(crate) mod scripted;

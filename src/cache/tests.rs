@@ -1,0 +1,194 @@
+//! The cache on its own: loading, sharing loads, eviction, the memory bound.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::*;
+use crate::read_state::Key;
+use crate::store::memory::MemoryStore;
+use crate::store::scripted::ScriptedStore;
+use crate::store::{Store, UserWrite};
+
+pub(crate) fn config(capacity: usize) -> CacheConfig {
+    CacheConfig {
+        capacity,
+        shards: 1,
+        write_delay: Duration::from_secs(30),
+        max_unwritten: 1_000,
+    }
+}
+
+async fn ack(
+    cache: &Arc<Cache>,
+    user_id: u64,
+    channel_id: u64,
+    message_id: u64,
+) -> Result<bool, Error> {
+    cache
+        .update(user_id, |user, now| {
+            user.ack(Key::channel(channel_id), message_id, now)
+                .is_some()
+        })
+        .await
+}
+
+async fn last_acked(cache: &Arc<Cache>, user_id: u64, channel_id: u64) -> Option<u64> {
+    cache
+        .read(user_id, |user| {
+            user.get(Key::channel(channel_id)).map(|s| s.last_acked_id)
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_miss_loads_from_the_store() {
+    let store = Arc::new(MemoryStore::new());
+    let mut user = UserReadStates::default();
+    user.ack(Key::channel(5), 50, 1);
+    store.write(&UserWrite::of(1, &user)).await.unwrap();
+
+    let cache = Cache::new(config(100), store);
+    assert_eq!(last_acked(&cache, 1, 5).await, Some(50));
+    assert_eq!(last_acked(&cache, 2, 5).await, None, "unknown user: empty");
+    let (gauges, stats) = cache.stats();
+    assert_eq!(
+        (gauges.users, gauges.read_states),
+        (2, 2),
+        "an empty user weighs 1"
+    );
+    assert_eq!(stats.hits, 2, "each request hits after its load");
+    assert_eq!(stats.misses, 2);
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_one_load() {
+    let store = Arc::new(ScriptedStore::default());
+    let cache = Cache::new(config(100), store.clone());
+    let reads = (0..20).map(|_| last_acked(&cache, 7, 1));
+    futures::future::join_all(reads).await;
+    assert_eq!(store.loads.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_failed_load_is_unavailable_and_not_cached_as_empty() {
+    let store = Arc::new(ScriptedStore::default());
+    let cache = Cache::new(config(100), store.clone());
+    ack(&cache, 1, 1, 10).await.unwrap();
+    // Put user 1 in the store, then forget it from the cache by filling it.
+    store
+        .write(&UserWrite::of(1, &{
+            let mut u = UserReadStates::default();
+            u.ack(Key::channel(1), 10, 1);
+            u
+        }))
+        .await
+        .unwrap();
+    let cache = Cache::new(config(100), store.clone());
+
+    ScriptedStore::set(&store.fail_loads, true);
+    let error = cache.read(1, |u| u.len()).await.unwrap_err();
+    assert!(
+        matches!(error, Error::LoadFailed { user_id: 1, .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    assert_eq!(cache.stats().0.users, 0);
+
+    ScriptedStore::set(&store.fail_loads, false);
+    assert_eq!(last_acked(&cache, 1, 1).await, Some(10));
+}
+
+#[tokio::test]
+async fn capacity_is_counted_in_read_states() {
+    let cache = Cache::new(config(10), Arc::new(MemoryStore::new()));
+    for user_id in 1..=5 {
+        for channel_id in 1..=4 {
+            ack(&cache, user_id, channel_id, 1).await.unwrap();
+        }
+    }
+    let (gauges, stats) = cache.stats();
+    assert!(gauges.read_states <= 10, "{gauges:?}");
+    assert_eq!(
+        gauges.users, 2,
+        "the two most recent users of 4 read states each fit"
+    );
+    assert_eq!(stats.evictions, 3);
+}
+
+#[tokio::test]
+async fn users_without_read_states_count_against_capacity() {
+    let cache = Cache::new(config(10), Arc::new(MemoryStore::new()));
+    for user_id in 1..=100 {
+        cache.read(user_id, |u| u.len()).await.unwrap();
+    }
+    assert_eq!(cache.stats().0.users, 10);
+}
+
+#[tokio::test]
+async fn one_user_larger_than_the_cache_is_still_served() {
+    let cache = Cache::new(config(3), Arc::new(MemoryStore::new()));
+    for channel_id in 1..=10 {
+        ack(&cache, 1, channel_id, 1).await.unwrap();
+    }
+    assert_eq!(cache.read(1, |u| u.len()).await.unwrap(), 10);
+}
+
+#[tokio::test]
+async fn an_evicted_user_keeps_its_unwritten_changes() {
+    // No write-behind runs here: evicted changes wait in the eviction buffer.
+    let store = Arc::new(ScriptedStore::default());
+    let cache = Cache::new(config(1), store.clone());
+    ack(&cache, 1, 1, 10).await.unwrap();
+    ack(&cache, 2, 1, 20).await.unwrap(); // evicts user 1
+    assert_eq!(cache.stats().1.evictions_dirty, 1);
+    assert_eq!(cache.unwritten(), 2);
+    assert_eq!(
+        last_acked(&cache, 1, 1).await,
+        Some(10),
+        "served from the buffer"
+    );
+    assert_eq!(
+        store.loads.load(Ordering::SeqCst),
+        2,
+        "users 1 and 2, once each"
+    );
+}
+
+#[tokio::test]
+async fn changes_are_refused_past_the_unwritten_bound() {
+    let cache = Cache::new(
+        CacheConfig {
+            max_unwritten: 3,
+            ..config(100)
+        },
+        Arc::new(MemoryStore::new()),
+    );
+    for channel_id in 1..=3 {
+        ack(&cache, 1, channel_id, 1).await.unwrap();
+    }
+    let error = ack(&cache, 1, 4, 1).await.unwrap_err();
+    assert_eq!(error, Error::TooManyUnwritten { dirty: 3, limit: 3 });
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    assert_eq!(last_acked(&cache, 1, 1).await, Some(1), "reads still work");
+}
+
+#[tokio::test]
+async fn update_many_changes_nothing_when_a_load_fails() {
+    let store = Arc::new(ScriptedStore::default());
+    let cache = Cache::new(config(100), store.clone());
+    ack(&cache, 1, 1, 10).await.unwrap();
+    ScriptedStore::set(&store.fail_loads, true);
+    let result = cache
+        .update_many(&[1, 2], |_, user, now| {
+            user.message_created(Key::channel(1), 11, false, now)
+        })
+        .await;
+    assert!(matches!(result, Err(Error::LoadFailed { user_id: 2, .. })));
+    let unread = cache
+        .read(1, |u| u.get(Key::channel(1)).unwrap().unread_count)
+        .await
+        .unwrap();
+    assert_eq!(unread, 0, "user 1 must not be counted when the call failed");
+}

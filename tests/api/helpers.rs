@@ -1,0 +1,96 @@
+//! `spawn_app()`: the real server on port 0 with its own store, and a client.
+//! Set `TEST_LOG=1` to see the server's logs.
+
+use std::net::SocketAddr;
+use std::sync::Once;
+use std::time::Duration;
+
+use readstates::app::{Application, BoxError};
+use readstates::config::{Config, Settings, StoreKind};
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::write_behind::ShutdownReport;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub client: ReadStatesClient<Channel>,
+    stop: oneshot::Sender<()>,
+    running: JoinHandle<Result<ShutdownReport, BoxError>>,
+}
+
+impl TestApp {
+    /// Graceful shutdown, as on SIGTERM.
+    pub async fn stop(self) -> ShutdownReport {
+        let _ = self.stop.send(());
+        self.running
+            .await
+            .expect("server task")
+            .expect("server ran")
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// The Prometheus text at `/metrics`.
+    pub async fn metrics(&self) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.metrics_addr)
+            .await
+            .unwrap();
+        let request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        response
+    }
+}
+
+/// The test configuration: memory store, ports chosen by the OS.
+pub fn test_config() -> Config {
+    Config::resolve(Settings {
+        listen: Some("127.0.0.1:0".parse().unwrap()),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        store: Some(StoreKind::Memory),
+        shards: Some(4),
+        shutdown_timeout: Some(Duration::from_secs(10)),
+        ..Settings::default()
+    })
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(test_config()).await
+}
+
+pub async fn spawn_app_with(config: Config) -> TestApp {
+    static LOG: Once = Once::new();
+    LOG.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            readstates::telemetry::init(&config);
+        }
+    });
+    let app = Application::build(config).await.expect("build");
+    let (addr, metrics_addr) = (app.grpc_addr(), app.metrics_addr());
+    let (stop, stopped) = oneshot::channel();
+    let running = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+    let client = ReadStatesClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    TestApp {
+        addr,
+        metrics_addr,
+        client,
+        stop,
+        running,
+    }
+}

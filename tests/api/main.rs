@@ -1,0 +1,12 @@
+//! End-to-end tests: the real server on port 0, called over gRPC.
+
+mod ack;
+mod bad_input;
+mod bulk_ack;
+mod delete_read_states;
+mod get_badge_counts;
+mod get_read_states;
+mod helpers;
+mod message_created;
+mod operations;
+mod restart;

@@ -1,0 +1,118 @@
+//! What operators and tools rely on: health, reflection, metrics, overload,
+//! and a server that survives misbehaving connections.
+
+use std::time::Duration;
+
+use readstates::proto::GetReadStatesRequest;
+use readstates::proto::read_states_client::ReadStatesClient;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+use crate::ack::ack;
+use crate::helpers::{spawn_app, spawn_app_with, test_config};
+
+#[tokio::test]
+async fn health_reports_serving() {
+    let app = spawn_app().await;
+    let mut health = HealthClient::new(app.channel().await);
+    let request = HealthCheckRequest {
+        service: "readstates.v1.ReadStates".into(),
+    };
+    let status = health.check(request).await.unwrap().into_inner().status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service() {
+    let app = spawn_app().await;
+    let mut reflection = ServerReflectionClient::new(app.channel().await);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut responses = reflection
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected {response:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"readstates.v1.ReadStates".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_owned()),
+        "{names:?}"
+    );
+}
+
+#[tokio::test]
+async fn metrics_show_requests_and_the_build() {
+    let mut app = spawn_app().await;
+    app.client.ack(ack(1, 1, 1)).await.unwrap();
+    let _ = app.client.ack(ack(0, 1, 1)).await;
+    let text = app.metrics().await;
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        text.contains(&format!("readstates_build_info{{version=\"{version}\"}} 1")),
+        "{text}"
+    );
+    assert!(
+        text.contains("readstates_requests_total{method=\"Ack\",code=\"OK\"}"),
+        "{text}"
+    );
+    assert!(text.contains("readstates_requests_total{method=\"Ack\",code=\"INVALID_ARGUMENT\"}"));
+    assert!(text.contains("readstates_request_duration_seconds_bucket{method=\"Ack\""));
+}
+
+#[tokio::test]
+async fn overload_is_resource_exhausted() {
+    let mut config = test_config();
+    config.max_concurrent_requests = 0;
+    let mut app = spawn_app_with(config).await;
+    let status = app.client.ack(ack(1, 1, 1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(status.message().contains("retry"), "{status:?}");
+}
+
+#[tokio::test]
+async fn garbage_and_broken_connections_do_not_disturb_others() {
+    let mut app = spawn_app().await;
+    // Not HTTP/2 at all.
+    let mut junk = TcpStream::connect(app.addr).await.unwrap();
+    junk.write_all(&[0xde, 0xad, 0xbe, 0xef].repeat(1_000))
+        .await
+        .unwrap();
+    // A valid preface, then a connection closed halfway through a frame.
+    let mut cut = TcpStream::connect(app.addr).await.unwrap();
+    cut.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00")
+        .await
+        .unwrap();
+    drop(cut);
+    // A client that gives up mid-request.
+    let mut impatient = ReadStatesClient::new(app.channel().await);
+    let request = tonic::Request::new(GetReadStatesRequest {
+        user_id: 5,
+        ..GetReadStatesRequest::default()
+    });
+    let _ =
+        tokio::time::timeout(Duration::from_micros(1), impatient.get_read_states(request)).await;
+
+    let response = app.client.ack(ack(1, 1, 1)).await.unwrap().into_inner();
+    assert!(response.applied);
+    drop(junk);
+    let again = app.client.ack(ack(1, 1, 2)).await.unwrap().into_inner();
+    assert!(again.applied, "still serving");
+}

@@ -1,0 +1,71 @@
+//! The embedded store across a graceful restart: nothing acknowledged is lost.
+
+use readstates::config::StoreKind;
+use readstates::proto::{GetReadStatesRequest, ReadState};
+
+use crate::ack::ack;
+use crate::delete_read_states::delete;
+use crate::helpers::{spawn_app_with, test_config};
+use crate::message_created::message;
+
+async fn everything(app: &mut crate::helpers::TestApp, user_id: u64) -> (u64, Vec<ReadState>) {
+    let request = GetReadStatesRequest {
+        user_id,
+        ..GetReadStatesRequest::default()
+    };
+    let response = app
+        .client
+        .get_read_states(request)
+        .await
+        .unwrap()
+        .into_inner();
+    (response.version, response.read_states)
+}
+
+#[tokio::test]
+async fn a_restart_of_the_embedded_store_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store = StoreKind::Embedded;
+    config.data_dir = dir.path().to_owned();
+    config.cache_capacity = 8; // some users are evicted along the way
+
+    let mut app = spawn_app_with(config.clone()).await;
+    for user_id in 1..=6 {
+        app.client
+            .message_created(message(10, 100, 0, &[user_id], &[]))
+            .await
+            .unwrap();
+        app.client.ack(ack(user_id, 11, 100)).await.unwrap();
+        app.client.ack(ack(user_id, 12, 100)).await.unwrap();
+    }
+    app.client
+        .delete_read_states(delete(1, &[12], false))
+        .await
+        .unwrap();
+    app.client
+        .delete_read_states(delete(2, &[], true))
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    for user_id in 1..=6 {
+        before.push(everything(&mut app, user_id).await);
+    }
+    // The write delay (30 s) has not passed: only shutdown writes these.
+    assert_eq!(app.stop().await.unwritten, 0);
+
+    let mut app = spawn_app_with(config).await;
+    for user_id in 1..=6 {
+        let (version, states) = everything(&mut app, user_id).await;
+        let (old_version, old_states) = &before[user_id as usize - 1];
+        assert_eq!(&states, old_states, "user {user_id}");
+        assert!(version >= *old_version, "user {user_id}: version went back");
+    }
+    assert_eq!(before[0].1.len(), 2, "the deleted read state stays deleted");
+    assert!(before[1].1.is_empty(), "the wiped user stays wiped");
+
+    // And the next change still gets a higher version.
+    let next = app.client.ack(ack(1, 13, 100)).await.unwrap().into_inner();
+    assert!(next.version > before[0].0);
+    app.stop().await;
+}
