@@ -18,6 +18,7 @@ use crate::grpc::ReadStatesService;
 use crate::metrics;
 use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;
+use crate::store::cassandra::{self, CassandraStore};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::memory::MemoryStore;
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
@@ -39,7 +40,7 @@ pub struct Application {
 impl Application {
     /// Opens the store and binds both listeners (port 0 picks a free one).
     pub async fn build(config: Config) -> Result<Application, BoxError> {
-        let store = open_store(&config)?;
+        let store = open_store(&config).await?;
         let cache = Cache::new(
             CacheConfig {
                 capacity: config.cache_capacity,
@@ -81,6 +82,7 @@ impl Application {
             metrics: metrics_listener,
             cache,
         } = self;
+        let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
         let write_behind = WriteBehind::start(
             cache.clone(),
@@ -118,6 +120,8 @@ impl Application {
         );
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
+            grpc = %grpc_addr,
+            metrics = %metrics_addr,
             store = cache.store().name(),
             write_delay = ?config.write_delay,
             "serving"
@@ -159,7 +163,15 @@ impl Application {
     }
 }
 
-fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {
+/// Creates the Cassandra keyspace and tables: `readstates migrate`.
+pub async fn migrate(config: &Config) -> Result<(), BoxError> {
+    let cassandra = config.cassandra();
+    let session = cassandra::connect(&cassandra).await?;
+    cassandra::schema::migrate(&session, &cassandra.keyspace, &cassandra.replication).await?;
+    Ok(())
+}
+
+async fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {
     Ok(match config.store {
         StoreKind::Embedded => Arc::new(EmbeddedStore::open(&config.data_dir)?),
         StoreKind::Memory => {
@@ -169,10 +181,10 @@ fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {
             Arc::new(MemoryStore::new())
         }
         StoreKind::Cassandra => {
-            return Err(
-                "--store cassandra is not available in this build yet; use embedded or memory"
-                    .into(),
-            );
+            if config.init_schema {
+                migrate(config).await?;
+            }
+            Arc::new(CassandraStore::connect(&config.cassandra()).await?)
         }
     })
 }

@@ -226,9 +226,7 @@ impl Cache {
             let shared = match result {
                 Ok(stored) => {
                     if !shard.contains(user_id) {
-                        let mut user = stored.into_user();
-                        user.prune_tombstones(clock::now_micros());
-                        shard.insert_loaded(user_id, user);
+                        shard.insert_loaded(user_id, stored.into_user(clock::now_micros()));
                     }
                     Ok(())
                 }

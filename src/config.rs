@@ -12,6 +12,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::store::cassandra::CassandraConfig;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "readstates",
@@ -27,8 +29,11 @@ pub struct Cli {
 pub enum Command {
     /// Runs the gRPC server until SIGTERM or Ctrl-C.
     Serve(ServeArgs),
+    /// Creates the Cassandra keyspace and tables (safe to run again).
+    Migrate(ServeArgs),
 }
 
+/// The settings of `serve` and `migrate` (which uses the Cassandra ones).
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// A TOML file of settings; flags and environment variables override it.
@@ -50,6 +55,63 @@ pub enum StoreKind {
     Memory,
     /// Cassandra or ScyllaDB.
     Cassandra,
+}
+
+/// Cassandra consistency levels that make sense for this service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[value(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Consistency {
+    One,
+    LocalOne,
+    Quorum,
+    LocalQuorum,
+    EachQuorum,
+    All,
+}
+
+impl From<Consistency> for scylla::statement::Consistency {
+    fn from(c: Consistency) -> Self {
+        use scylla::statement::Consistency as C;
+        match c {
+            Consistency::One => C::One,
+            Consistency::LocalOne => C::LocalOne,
+            Consistency::Quorum => C::Quorum,
+            Consistency::LocalQuorum => C::LocalQuorum,
+            Consistency::EachQuorum => C::EachQuorum,
+            Consistency::All => C::All,
+        }
+    }
+}
+
+/// A value never shown: not in logs, not by `--print-config`.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str("<redacted>")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -102,6 +164,26 @@ pub struct Settings {
     /// A tracing filter, e.g. `info` or `readstates=debug` (RUST_LOG wins).
     #[arg(long, env = "READSTATES_LOG_LEVEL")]
     pub log_level: Option<String>,
+    /// Cassandra/ScyllaDB contact points, comma-separated `host:port`.
+    #[arg(long, env = "READSTATES_CASSANDRA_NODES", value_delimiter = ',')]
+    pub cassandra_nodes: Option<Vec<String>>,
+    #[arg(long, env = "READSTATES_KEYSPACE")]
+    pub keyspace: Option<String>,
+    #[arg(long, env = "READSTATES_CASSANDRA_USERNAME")]
+    pub cassandra_username: Option<String>,
+    #[arg(long, env = "READSTATES_CASSANDRA_PASSWORD", hide_env_values = true)]
+    pub cassandra_password: Option<Secret>,
+    #[arg(long, env = "READSTATES_CONSISTENCY")]
+    pub consistency: Option<Consistency>,
+    /// Send requests to this datacenter's nodes only.
+    #[arg(long, env = "READSTATES_CASSANDRA_DATACENTER")]
+    pub cassandra_datacenter: Option<String>,
+    /// The keyspace's replication, as a CQL map (used by `migrate`).
+    #[arg(long, env = "READSTATES_CASSANDRA_REPLICATION")]
+    pub cassandra_replication: Option<String>,
+    /// Apply the schema at startup, as `readstates migrate` does.
+    #[arg(long, env = "READSTATES_INIT_SCHEMA", num_args = 0..=1, default_missing_value = "true")]
+    pub init_schema: Option<bool>,
 }
 
 /// The resolved configuration.
@@ -122,6 +204,14 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     pub log_format: LogFormat,
     pub log_level: String,
+    pub cassandra_nodes: Vec<String>,
+    pub keyspace: String,
+    pub cassandra_username: Option<String>,
+    pub cassandra_password: Option<Secret>,
+    pub consistency: Consistency,
+    pub cassandra_datacenter: Option<String>,
+    pub cassandra_replication: String,
+    pub init_schema: bool,
 }
 
 impl Default for Config {
@@ -159,6 +249,34 @@ impl Config {
             shutdown_timeout: s.shutdown_timeout.unwrap_or(Duration::from_secs(30)),
             log_format: s.log_format.unwrap_or(LogFormat::Text),
             log_level: s.log_level.unwrap_or_else(|| "info".to_owned()),
+            cassandra_nodes: s
+                .cassandra_nodes
+                .unwrap_or_else(|| vec!["127.0.0.1:9042".to_owned()]),
+            keyspace: s.keyspace.unwrap_or_else(|| "readstates".to_owned()),
+            cassandra_username: s.cassandra_username,
+            cassandra_password: s.cassandra_password,
+            consistency: s.consistency.unwrap_or(Consistency::LocalQuorum),
+            cassandra_datacenter: s.cassandra_datacenter,
+            cassandra_replication: s.cassandra_replication.unwrap_or_else(|| {
+                "{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned()
+            }),
+            init_schema: s.init_schema.unwrap_or(false),
+        }
+    }
+
+    /// The Cassandra part, as the store takes it.
+    pub fn cassandra(&self) -> CassandraConfig {
+        CassandraConfig {
+            nodes: self.cassandra_nodes.clone(),
+            keyspace: self.keyspace.clone(),
+            username: self.cassandra_username.clone(),
+            password: self
+                .cassandra_password
+                .as_ref()
+                .map(|p| p.expose().to_owned()),
+            consistency: self.consistency.into(),
+            datacenter: self.cassandra_datacenter.clone(),
+            replication: self.cassandra_replication.clone(),
         }
     }
 
@@ -193,6 +311,14 @@ impl Settings {
             shutdown_timeout: self.shutdown_timeout.or(other.shutdown_timeout),
             log_format: self.log_format.or(other.log_format),
             log_level: self.log_level.or(other.log_level),
+            cassandra_nodes: self.cassandra_nodes.or(other.cassandra_nodes),
+            keyspace: self.keyspace.or(other.keyspace),
+            cassandra_username: self.cassandra_username.or(other.cassandra_username),
+            cassandra_password: self.cassandra_password.or(other.cassandra_password),
+            consistency: self.consistency.or(other.consistency),
+            cassandra_datacenter: self.cassandra_datacenter.or(other.cassandra_datacenter),
+            cassandra_replication: self.cassandra_replication.or(other.cassandra_replication),
+            init_schema: self.init_schema.or(other.init_schema),
         }
     }
 }
@@ -223,12 +349,38 @@ mod tests {
             "4",
         ])
         .unwrap();
-        let Command::Serve(args) = cli.command;
+        let Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
         let file: Settings = toml::from_str("write_delay = \"10s\"\ncache_capacity = 5").unwrap();
         let config = Config::resolve(args.settings.or(file));
         assert_eq!(config.write_delay, Duration::from_secs(2));
         assert_eq!(config.cache_capacity, 5);
         assert_eq!(config.shards, 4);
+    }
+
+    #[test]
+    fn the_password_is_never_shown() {
+        let cli = Cli::try_parse_from([
+            "readstates",
+            "serve",
+            "--cassandra-password",
+            "hunter2",
+            "--cassandra-nodes",
+            "a:9042,b:9042",
+            "--consistency",
+            "LOCAL_ONE",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
+        let config = Config::resolve(args.settings);
+        assert_eq!(config.cassandra().password.as_deref(), Some("hunter2"));
+        assert_eq!(config.cassandra_nodes, ["a:9042", "b:9042"]);
+        assert_eq!(config.consistency, Consistency::LocalOne);
+        assert!(!format!("{config:?}").contains("hunter2"));
+        assert!(!config.to_toml().contains("hunter2"));
     }
 
     #[test]

@@ -6,13 +6,16 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use readstates::app::Application;
+use readstates::app::{self, Application};
 use readstates::config::{Cli, Command, Config};
 use readstates::{shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let Command::Serve(args) = Cli::parse().command;
+    let (args, migrate) = match Cli::parse().command {
+        Command::Serve(args) => (args, false),
+        Command::Migrate(args) => (args, true),
+    };
     let config = match Config::load(&args) {
         Ok(config) => config,
         Err(e) => {
@@ -25,16 +28,26 @@ async fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     telemetry::init(&config);
-    let result = match Application::build(config).await {
-        Ok(app) => app.run_until(shutdown::signal()).await,
-        Err(e) => Err(e),
+    let result = if migrate {
+        app::migrate(&config).await.map(|()| true)
+    } else {
+        serve(config).await
     };
     match result {
-        Ok(report) if report.unwritten == 0 => ExitCode::SUCCESS,
-        Ok(_) => ExitCode::FAILURE,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             tracing::error!(error = %e, "readstates failed");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Serves until a signal; `Ok(false)` if some changes could not be written.
+async fn serve(config: Config) -> Result<bool, app::BoxError> {
+    let report = Application::build(config)
+        .await?
+        .run_until(shutdown::signal())
+        .await?;
+    Ok(report.unwritten == 0)
 }

@@ -345,9 +345,10 @@ impl UserReadStates {
         live
     }
 
-    /// Whether the next write must first remove every stored row of the user.
-    pub fn clear_pending(&self) -> bool {
-        self.cleared_version > self.flushed_version
+    /// The version of a "delete all" the store has not seen yet: the next
+    /// write must first remove every stored row older than it.
+    pub fn pending_clear(&self) -> Option<u64> {
+        (self.cleared_version > self.flushed_version).then_some(self.cleared_version)
     }
 
     /// The entries a write must carry: those changed after `flushed_version`.

@@ -2,19 +2,21 @@
 //!
 //! The cache talks to a [`Store`] only in whole users: it loads a user's read
 //! states on a miss and writes a user's changed read states when write-behind
-//! flushes them. Deletions travel in the same write (tombstones, or `clear`
-//! for "delete all"), so a deletion can never overtake or be overtaken by an
+//! flushes them. Deletions travel in the same write (tombstones, or
+//! `clear_below` for "delete all"), so a deletion can never overtake or be overtaken by an
 //! earlier change to the same user.
 //!
-//! Implementations: [`memory`] (not durable; tests and benchmarks) and
-//! [`embedded`] (redb, crash-safe, one file).
+//! Implementations: [`memory`] (not durable; tests and benchmarks),
+//! [`embedded`] (redb, crash-safe, one file) and [`cassandra`] (Cassandra or
+//! ScyllaDB, for production).
 
+pub mod cassandra;
 pub mod embedded;
 pub mod memory;
 
 use async_trait::async_trait;
 
-use crate::read_state::{ReadState, UserReadStates};
+use crate::read_state::{ReadState, TOMBSTONE_RETENTION, UserReadStates};
 
 /// A user as the store holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -28,8 +30,15 @@ pub struct StoredUser {
 }
 
 impl StoredUser {
-    pub fn into_user(self) -> UserReadStates {
-        UserReadStates::from_stored(self.version, self.delta_floor, self.read_states)
+    /// The user as the cache holds it. Tombstones past their retention are
+    /// dropped, and since a store may have expired some already (Cassandra's
+    /// TTL), no delta from before the retention window is taken as exact.
+    pub fn into_user(self, now_us: u64) -> UserReadStates {
+        let retention_start = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
+        let delta_floor = self.delta_floor.max(retention_start);
+        let mut user = UserReadStates::from_stored(self.version, delta_floor, self.read_states);
+        user.prune_tombstones(now_us);
+        user
     }
 }
 
@@ -41,8 +50,9 @@ pub struct UserWrite {
     /// in this write. Also the write's timestamp where the store has them.
     pub version: u64,
     pub delta_floor: u64,
-    /// Remove every stored read state of the user before writing these.
-    pub clear: bool,
+    /// Remove every stored read state of the user older than this version
+    /// (a "delete all") before writing these.
+    pub clear_below: Option<u64>,
     /// Changed read states and tombstones (`deleted`).
     pub read_states: Vec<ReadState>,
 }
@@ -54,7 +64,7 @@ impl UserWrite {
             user_id,
             version: user.version(),
             delta_floor: user.delta_floor(),
-            clear: user.clear_pending(),
+            clear_below: user.pending_clear(),
             read_states: user.dirty_entries().copied().collect(),
         }
     }
@@ -91,7 +101,6 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError>;
 }
 
-#[cfg(test)]
-pub(crate) mod conformance;
+pub mod conformance;
 #[cfg(test)]
 pub(crate) mod scripted;

@@ -152,7 +152,7 @@ fn delete_all_wipes_and_forces_a_full_resync() {
     let since = user.version();
     assert_eq!(user.delete_all(0), 2);
     assert!(user.is_empty());
-    assert!(user.clear_pending());
+    assert_eq!(user.pending_clear(), Some(user.version()));
     let delta = user.delta(since);
     assert!(!delta.partial, "older clients must drop what they hold");
     assert!(delta.read_states.is_empty());

@@ -104,7 +104,8 @@ impl Store for EmbeddedStore {
                     .map_err(error)?
                     .map_or((0, 0), |v| v.value());
                 let mut rows = txn.open_table(READ_STATES).map_err(error)?;
-                if write.clear || write.delta_floor > floor {
+                let clear = write.clear_below.is_some();
+                if clear || write.delta_floor > floor {
                     // Drop every row on a wipe, and tombstones under the floor.
                     let stale: Vec<RowKey> = rows
                         .range(user_range(write.user_id))
@@ -112,7 +113,7 @@ impl Store for EmbeddedStore {
                         .filter_map(Result::ok)
                         .filter_map(|(k, v)| {
                             let state = decode(k.value(), v.value()).ok()?;
-                            (write.clear || (state.deleted && state.version < write.delta_floor))
+                            (clear || (state.deleted && state.version < write.delta_floor))
                                 .then(|| k.value())
                         })
                         .collect();

@@ -54,7 +54,7 @@ impl Store for MemoryStore {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
         let mut users = self.users();
         let user = users.entry(write.user_id).or_default();
-        if write.clear {
+        if write.clear_below.is_some() {
             user.rows.clear();
         }
         for state in &write.read_states {

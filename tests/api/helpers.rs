@@ -41,16 +41,7 @@ impl TestApp {
 
     /// The Prometheus text at `/metrics`.
     pub async fn metrics(&self) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.metrics_addr)
-            .await
-            .unwrap();
-        let request = "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n";
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        response
+        crate::metrics_text::fetch(self.metrics_addr).await
     }
 }
 

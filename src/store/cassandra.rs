@@ -1,0 +1,255 @@
+//! Cassandra or ScyllaDB, through the scylla driver: the production store.
+//!
+//! One partition per user (`schema/002_read_states.cql`). A load is one
+//! partition read; a write is one single-partition unlogged batch (split in
+//! chunks for very large users, never across partitions), every statement
+//! prepared and idempotent, every row stamped `USING TIMESTAMP` with its
+//! version, so retries are safe and a stale node's late write loses to a newer
+//! one. Requests are routed token-aware (and to the local datacenter when one
+//! is named), at a configurable consistency, with the driver's default retry
+//! policy.
+
+pub mod schema;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::policies::load_balancing::DefaultPolicy;
+use scylla::policies::retry::DefaultRetryPolicy;
+use scylla::serialize::row::SerializeRow;
+use scylla::statement::Consistency;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+
+use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION};
+
+const NAME: &str = "cassandra";
+/// Statements per batch: well under Cassandra's 5 KiB batch-size warning.
+const MAX_BATCH_STATEMENTS: usize = 50;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How to reach the cluster.
+#[derive(Clone, Debug)]
+pub struct CassandraConfig {
+    /// `host:port` contact points.
+    pub nodes: Vec<String>,
+    pub keyspace: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub consistency: Consistency,
+    /// Route to this datacenter's nodes only.
+    pub datacenter: Option<String>,
+    /// The keyspace's replication map, for `migrate`.
+    pub replication: String,
+}
+
+#[derive(Debug)]
+pub struct CassandraStore {
+    session: Session,
+    load: PreparedStatement,
+    upsert: PreparedStatement,
+    statics: PreparedStatement,
+    wipe: PreparedStatement,
+}
+
+impl CassandraStore {
+    /// Connects and prepares the statements; the schema must exist (see
+    /// [`schema::migrate`]).
+    pub async fn connect(config: &CassandraConfig) -> Result<CassandraStore, StoreError> {
+        let session = connect(config).await?;
+        CassandraStore::with_session(session, &config.keyspace).await
+    }
+
+    pub async fn with_session(
+        session: Session,
+        keyspace: &str,
+    ) -> Result<CassandraStore, StoreError> {
+        let keyspace = schema::checked_keyspace(keyspace)?;
+        let table = format!("{keyspace}.read_states");
+        let prepare = |cql: String| {
+            let session = &session;
+            async move {
+                let mut statement = session.prepare(cql).await.map_err(error)?;
+                statement.set_is_idempotent(true);
+                Ok::<_, StoreError>(statement)
+            }
+        };
+        let load = prepare(format!(
+            "SELECT kind, channel_id, last_acked_id, mention_count, unread_count, version, deleted, \
+             user_version, delta_floor FROM {table} WHERE user_id = ?"
+        ))
+        .await?;
+        let upsert = prepare(format!(
+            "INSERT INTO {table} (user_id, kind, channel_id, last_acked_id, mention_count, unread_count, \
+             version, deleted) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?"
+        ))
+        .await?;
+        let statics = prepare(format!(
+            "UPDATE {table} USING TIMESTAMP ? SET user_version = ?, delta_floor = ? WHERE user_id = ?"
+        ))
+        .await?;
+        let wipe = prepare(format!(
+            "DELETE FROM {table} USING TIMESTAMP ? WHERE user_id = ?"
+        ))
+        .await?;
+        Ok(CassandraStore {
+            session,
+            load,
+            upsert,
+            statics,
+            wipe,
+        })
+    }
+}
+
+/// A session: token-aware, datacenter-aware when asked, idempotent retries.
+pub async fn connect(config: &CassandraConfig) -> Result<Session, StoreError> {
+    let mut routing = DefaultPolicy::builder().token_aware(true);
+    if let Some(datacenter) = &config.datacenter {
+        routing = routing
+            .prefer_datacenter(datacenter.clone())
+            .permit_dc_failover(false);
+    }
+    let profile = ExecutionProfile::builder()
+        .consistency(config.consistency)
+        .load_balancing_policy(routing.build())
+        .retry_policy(Arc::new(DefaultRetryPolicy::new()))
+        .request_timeout(Some(REQUEST_TIMEOUT))
+        .build();
+    let mut builder = SessionBuilder::new()
+        .known_nodes(&config.nodes)
+        .connection_timeout(REQUEST_TIMEOUT)
+        .default_execution_profile_handle(profile.into_handle());
+    if let Some(username) = &config.username {
+        builder = builder.user(username, config.password.as_deref().unwrap_or_default());
+    }
+    builder
+        .build()
+        .await
+        .map_err(|e| StoreError::new(NAME, format!("connect to {}: {e}", config.nodes.join(","))))
+}
+
+type Row = (
+    Option<i32>,
+    Option<i64>,
+    Option<i64>,
+    Option<i32>,
+    Option<i32>,
+    Option<i64>,
+    Option<bool>,
+    Option<i64>,
+    Option<i64>,
+);
+
+#[async_trait]
+impl Store for CassandraStore {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn load(&self, user_id: u64) -> Result<StoredUser, StoreError> {
+        let result = self
+            .session
+            .execute_unpaged(&self.load, (user_id as i64,))
+            .await
+            .map_err(error)?;
+        let rows = result.into_rows_result().map_err(error)?;
+        let mut user = StoredUser::default();
+        for row in rows.rows::<Row>().map_err(error)? {
+            let (
+                kind,
+                channel_id,
+                last_acked_id,
+                mention_count,
+                unread_count,
+                version,
+                deleted,
+                user_version,
+                floor,
+            ) = row.map_err(error)?;
+            // Static columns come with every row, and alone when the user
+            // has no rows (after a wipe).
+            user.version = user.version.max(user_version.unwrap_or(0) as u64);
+            user.delta_floor = user.delta_floor.max(floor.unwrap_or(0) as u64);
+            let (Some(kind), Some(channel_id)) = (kind, channel_id) else {
+                continue;
+            };
+            let kind = u8::try_from(kind)
+                .ok()
+                .and_then(Kind::from_u8)
+                .ok_or_else(|| {
+                    StoreError::new(NAME, format!("user {user_id}: unknown kind {kind}"))
+                })?;
+            user.read_states.push(ReadState {
+                channel_id: channel_id as u64,
+                last_acked_id: last_acked_id.unwrap_or(0) as u64,
+                version: version.unwrap_or(0) as u64,
+                mention_count: mention_count.unwrap_or(0) as u32,
+                unread_count: unread_count.unwrap_or(0) as u32,
+                kind,
+                deleted: deleted.unwrap_or(false),
+            });
+        }
+        // Tombstones under the floor are as good as gone (their TTL will
+        // remove them).
+        let floor = user.delta_floor;
+        user.read_states
+            .retain(|s| !(s.deleted && s.version < floor));
+        Ok(user)
+    }
+
+    async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
+        let user_id = write.user_id as i64;
+        let tombstone_ttl = TOMBSTONE_RETENTION.as_secs() as i32;
+        let mut statements: Vec<(&PreparedStatement, Box<dyn SerializeRow + Send + Sync>)> =
+            Vec::with_capacity(write.read_states.len() + 2);
+        if let Some(below) = write.clear_below {
+            // Everything written before the wipe, nothing written after it.
+            let timestamp = below.saturating_sub(1) as i64;
+            statements.push((&self.wipe, Box::new((timestamp, user_id))));
+        }
+        for state in &write.read_states {
+            let ttl = if state.deleted { tombstone_ttl } else { 0 };
+            let version = state.version as i64;
+            let values = (
+                user_id,
+                i32::from(state.kind as u8),
+                state.channel_id as i64,
+                state.last_acked_id as i64,
+                state.mention_count as i32,
+                state.unread_count as i32,
+                version,
+                state.deleted,
+                version,
+                ttl,
+            );
+            statements.push((&self.upsert, Box::new(values)));
+        }
+        // Last, so that a user version is never stored ahead of its rows.
+        let version = write.version as i64;
+        let statics = (version, version, write.delta_floor as i64, user_id);
+        statements.push((&self.statics, Box::new(statics)));
+
+        for chunk in statements.chunks(MAX_BATCH_STATEMENTS) {
+            let mut batch = Batch::new(BatchType::Unlogged);
+            batch.set_is_idempotent(true);
+            let mut values: Vec<&(dyn SerializeRow + Send + Sync)> =
+                Vec::with_capacity(chunk.len());
+            for (statement, row) in chunk {
+                batch.append_statement((*statement).clone());
+                values.push(row.as_ref());
+            }
+            self.session.batch(&batch, values).await.map_err(error)?;
+        }
+        Ok(())
+    }
+}
+
+fn error(e: impl std::fmt::Display) -> StoreError {
+    StoreError::new(NAME, e)
+}

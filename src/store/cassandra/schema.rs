@@ -1,0 +1,112 @@
+//! Applies `schema/*.cql` in order: what `readstates migrate` and
+//! `serve --init-schema` run. Every statement is `IF NOT EXISTS`, so running
+//! it again changes nothing.
+
+use scylla::client::session::Session;
+
+use crate::store::StoreError;
+
+/// The files of `schema/`, in order, built into the binary.
+const MIGRATIONS: [(&str, &str); 2] = [
+    (
+        "001_keyspace.cql",
+        include_str!("../../../schema/001_keyspace.cql"),
+    ),
+    (
+        "002_read_states.cql",
+        include_str!("../../../schema/002_read_states.cql"),
+    ),
+];
+
+/// Creates the keyspace (with `replication`, a CQL map) and the tables.
+pub async fn migrate(
+    session: &Session,
+    keyspace: &str,
+    replication: &str,
+) -> Result<(), StoreError> {
+    let keyspace = checked_keyspace(keyspace)?;
+    let replication = replication.trim();
+    if !(replication.starts_with('{') && replication.ends_with('}')) {
+        return Err(StoreError::new(
+            "cassandra",
+            format!(
+                "replication must be a CQL map such as {{'class': 'SimpleStrategy', 'replication_factor': 1}}, not {replication:?}"
+            ),
+        ));
+    }
+    for (file, text) in MIGRATIONS {
+        for statement in statements(text) {
+            let cql = statement
+                .replace("${keyspace}", keyspace)
+                .replace("${replication}", replication);
+            session
+                .query_unpaged(cql, ())
+                .await
+                .map_err(|e| StoreError::new("cassandra", format!("schema/{file}: {e}")))?;
+        }
+        tracing::info!(file, keyspace, "schema applied");
+    }
+    session
+        .await_schema_agreement()
+        .await
+        .map_err(|e| StoreError::new("cassandra", format!("schema agreement: {e}")))?;
+    Ok(())
+}
+
+/// A keyspace name goes into CQL text, so only a plain identifier will do.
+pub fn checked_keyspace(keyspace: &str) -> Result<&str, StoreError> {
+    let mut chars = keyspace.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && keyspace.len() <= 48;
+    if valid {
+        Ok(keyspace)
+    } else {
+        Err(StoreError::new(
+            "cassandra",
+            format!(
+                "keyspace {keyspace:?}: letters, digits and _ only, starting with a letter, at most 48"
+            ),
+        ))
+    }
+}
+
+/// The statements of a CQL file: `--` comments dropped, split on `;`.
+fn statements(text: &str) -> impl Iterator<Item = String> {
+    let code: String = text
+        .lines()
+        .map(|line| line.split("--").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n");
+    code.split(';')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_files_split_into_statements() {
+        let all: Vec<String> = MIGRATIONS
+            .iter()
+            .flat_map(|(_, text)| statements(text))
+            .collect();
+        assert_eq!(all.len(), 2);
+        assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
+        assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
+        assert!(all.iter().all(|s| !s.contains("--")));
+    }
+
+    #[test]
+    fn keyspace_names_are_identifiers() {
+        assert!(checked_keyspace("readstates_test1").is_ok());
+        for bad in ["", "1abc", "a-b", "a; DROP TABLE x", &"a".repeat(49)] {
+            assert!(checked_keyspace(bad).is_err(), "{bad:?}");
+        }
+    }
+}

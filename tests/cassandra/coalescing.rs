@@ -1,0 +1,53 @@
+//! Many changes to one user within the window: one write per changed read state.
+
+use std::time::Duration;
+
+use readstates::proto::MessageCreatedRequest;
+use readstates::store::Store;
+
+use crate::helpers::{Server, eventually, fresh_users, nodes, store};
+
+const WRITES: &str =
+    "readstates_store_operations_total{store=\"cassandra\",operation=\"write\",result=\"ok\"}";
+const WRITTEN: &str = "readstates_store_written_read_states_total";
+
+#[tokio::test]
+async fn changes_within_the_window_coalesce() {
+    let store = store().await;
+    let server = Server::start(&nodes(), &["--write-delay", "3s"]);
+    let mut client = server.client().await;
+    let user = fresh_users(1);
+    for message_id in 1..=60u64 {
+        let message = MessageCreatedRequest {
+            channel_id: message_id % 3 + 1,
+            message_id,
+            unread_user_ids: vec![user],
+            ..MessageCreatedRequest::default()
+        };
+        client.message_created(message).await.unwrap();
+    }
+    assert_eq!(server.metric(WRITES).await, 0.0, "nothing before the delay");
+    let written = eventually(Duration::from_secs(15), async || {
+        server.metric(WRITES).await >= 1.0
+    })
+    .await;
+    assert!(written);
+    // Let any stray second write show up before counting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(server.metric(WRITES).await, 1.0, "one write for 60 changes");
+    assert_eq!(
+        server.metric(WRITTEN).await,
+        3.0,
+        "one row per changed read state"
+    );
+    let unread: u32 = store
+        .load(user)
+        .await
+        .unwrap()
+        .read_states
+        .iter()
+        .map(|s| s.unread_count)
+        .sum();
+    assert_eq!(unread, 60);
+    assert!(server.terminate().success());
+}

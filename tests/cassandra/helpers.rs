@@ -1,0 +1,165 @@
+//! The Cassandra under test, and `readstates` processes talking to it.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
+use tokio::sync::OnceCell;
+use tonic::transport::Channel;
+
+pub const KEYSPACE: &str = "readstates_test";
+
+/// `READSTATES_TEST_CASSANDRA`, or the port `scripts/cassandra.sh` uses.
+pub fn nodes() -> String {
+    std::env::var("READSTATES_TEST_CASSANDRA").unwrap_or_else(|_| "127.0.0.1:9042".to_owned())
+}
+
+pub fn config(nodes: &str) -> CassandraConfig {
+    CassandraConfig {
+        nodes: nodes.split(',').map(str::to_owned).collect(),
+        keyspace: KEYSPACE.to_owned(),
+        username: None,
+        password: None,
+        consistency: scylla::statement::Consistency::LocalQuorum,
+        datacenter: None,
+        replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned(),
+    }
+}
+
+/// Applies the schema once per test binary, then connects a store of the
+/// test's own (a session lives on the runtime that made it).
+pub async fn store() -> CassandraStore {
+    store_at(&nodes()).await
+}
+
+/// [`store`], for the Cassandra at `nodes`.
+pub async fn store_at(nodes: &str) -> CassandraStore {
+    static MIGRATED: OnceCell<()> = OnceCell::const_new();
+    let config = config(nodes);
+    MIGRATED
+        .get_or_init(|| async {
+            let session = cassandra::connect(&config).await.unwrap_or_else(|e| {
+                panic!("no Cassandra at {nodes}: {e}; start one with scripts/cassandra.sh start")
+            });
+            cassandra::schema::migrate(&session, &config.keyspace, &config.replication)
+                .await
+                .expect("migrate");
+        })
+        .await;
+    CassandraStore::connect(&config).await.expect("connect")
+}
+
+/// User ids no other test, and no earlier run, has used.
+pub fn fresh_users(count: u64) -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = readstates::clock::now_micros() << 10;
+    base + NEXT.fetch_add(count, Ordering::SeqCst)
+}
+
+/// A `readstates serve` process on ports of its own.
+pub struct Server {
+    child: Child,
+    pub grpc: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+impl Server {
+    /// Starts `readstates serve --store cassandra` with `args` on top.
+    pub fn start(nodes: &str, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_readstates"))
+            .args([
+                "serve",
+                "--store",
+                "cassandra",
+                "--keyspace",
+                KEYSPACE,
+                "--cassandra-nodes",
+                nodes,
+            ])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start readstates");
+        let (ready, addresses) = mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        std::thread::spawn(move || {
+            let echo = std::env::var_os("TEST_LOG").is_some();
+            for line in stderr.lines().map_while(Result::ok) {
+                if echo {
+                    eprintln!("{line}");
+                }
+                let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if event["message"] == "serving" {
+                    let addr = |key: &str| event[key].as_str().and_then(|a| a.parse().ok());
+                    let _ = ready.send((addr("grpc"), addr("metrics")));
+                }
+            }
+        });
+        match addresses.recv_timeout(Duration::from_secs(30)) {
+            Ok((Some(grpc), Some(metrics))) => Server {
+                child,
+                grpc,
+                metrics,
+            },
+            other => {
+                let _ = child.kill();
+                panic!("readstates did not start serving ({other:?}); TEST_LOG=1 shows its log");
+            }
+        }
+    }
+
+    pub async fn client(&self) -> ReadStatesClient<Channel> {
+        ReadStatesClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    pub async fn metric(&self, series: &str) -> f64 {
+        crate::metrics_text::value(&crate::metrics_text::fetch(self.metrics).await, series)
+    }
+
+    /// SIGTERM, as an orchestrator stops it; waits for the exit.
+    pub fn terminate(mut self) -> ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `check` until it holds or `limit` passes.
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check().await
+}

@@ -1,0 +1,16 @@
+//! Durability against a real Cassandra, started by `scripts/cassandra.sh`
+//! (the README's test command, `scripts/test.sh`, does that). These tests fail,
+//! loudly, when no Cassandra answers: they never pass without one.
+//!
+//! Each test starts the real `readstates` binary (so that it can be sent
+//! SIGTERM and its metrics are its own) and uses user ids of its own, so tests
+//! run side by side in one keyspace.
+
+mod coalescing;
+mod eviction;
+mod helpers;
+#[path = "../support/metrics_text.rs"]
+mod metrics_text;
+mod restart;
+mod round_trip;
+mod store;

@@ -1,0 +1,73 @@
+//! Changes made over gRPC reach Cassandra after the write delay, not before.
+
+use std::time::Duration;
+
+use readstates::proto::{AckRequest, DeleteReadStatesRequest, MessageCreatedRequest, ReadStateKey};
+use readstates::store::Store;
+
+use crate::helpers::{Server, eventually, fresh_users, nodes, store};
+
+#[tokio::test]
+async fn changes_reach_cassandra_after_the_write_delay() {
+    let store = store().await;
+    let server = Server::start(&nodes(), &["--write-delay", "2s"]);
+    let mut client = server.client().await;
+    let (user, other) = (fresh_users(2), 0);
+    let other = user + 1 + other;
+
+    let ack = AckRequest {
+        user_id: user,
+        channel_id: 10,
+        message_id: 100,
+        ..AckRequest::default()
+    };
+    client.ack(ack).await.unwrap();
+    let message = MessageCreatedRequest {
+        channel_id: 11,
+        message_id: 200,
+        mentioned_user_ids: vec![user, other],
+        ..MessageCreatedRequest::default()
+    };
+    client.message_created(message).await.unwrap();
+    let delete = DeleteReadStatesRequest {
+        user_id: other,
+        keys: vec![ReadStateKey {
+            channel_id: 11,
+            kind: 0,
+        }],
+        all: false,
+    };
+    client.delete_read_states(delete).await.unwrap();
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        store.load(user).await.unwrap().read_states.is_empty(),
+        "written before the delay"
+    );
+
+    let written = eventually(Duration::from_secs(10), async || {
+        store.load(user).await.unwrap().read_states.len() == 2
+    })
+    .await;
+    assert!(written, "not written after the delay");
+    let stored = store.load(user).await.unwrap();
+    let acked = stored
+        .read_states
+        .iter()
+        .find(|s| s.channel_id == 10)
+        .unwrap();
+    let mentioned = stored
+        .read_states
+        .iter()
+        .find(|s| s.channel_id == 11)
+        .unwrap();
+    assert_eq!(acked.last_acked_id, 100);
+    assert_eq!((mentioned.mention_count, mentioned.unread_count), (1, 1));
+
+    let other_rows = store.load(other).await.unwrap().read_states;
+    assert!(
+        other_rows.iter().all(|s| s.deleted),
+        "the deletion is stored as a tombstone: {other_rows:?}"
+    );
+    assert!(server.terminate().success());
+}
