@@ -5,6 +5,7 @@
 //! shards; a sampler copies them and the shard gauges out once a second, so a
 //! request never pays for a metrics registry lookup it does not need.
 
+pub mod scrape;
 pub mod server;
 
 use std::sync::{Arc, OnceLock};

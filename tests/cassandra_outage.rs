@@ -10,8 +10,6 @@
 #[allow(dead_code)]
 #[path = "cassandra/helpers.rs"]
 mod helpers;
-#[path = "support/metrics_text.rs"]
-mod metrics_text;
 
 use std::path::Path;
 use std::process::Command;

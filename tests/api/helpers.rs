@@ -41,7 +41,9 @@ impl TestApp {
 
     /// The Prometheus text at `/metrics`.
     pub async fn metrics(&self) -> String {
-        crate::metrics_text::fetch(self.metrics_addr).await
+        readstates::metrics::scrape::fetch(self.metrics_addr)
+            .await
+            .expect("/metrics")
     }
 }
 

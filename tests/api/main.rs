@@ -8,7 +8,5 @@ mod get_badge_counts;
 mod get_read_states;
 mod helpers;
 mod message_created;
-#[path = "../support/metrics_text.rs"]
-mod metrics_text;
 mod operations;
 mod restart;

@@ -69,7 +69,7 @@ async fn metrics_show_requests_and_the_build() {
         text.contains(&format!("readstates_build_info{{version=\"{version}\"}} 1")),
         "{text}"
     );
-    let ok = crate::metrics_text::value(
+    let ok = readstates::metrics::scrape::value(
         &text,
         "readstates_requests_total{method=\"Ack\",code=\"OK\"}",
     );

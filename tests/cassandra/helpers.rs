@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use readstates::metrics::scrape;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
 use tokio::sync::OnceCell;
@@ -131,7 +132,8 @@ impl Server {
     }
 
     pub async fn metric(&self, series: &str) -> f64 {
-        crate::metrics_text::value(&crate::metrics_text::fetch(self.metrics).await, series)
+        let text = scrape::fetch(self.metrics).await.expect("/metrics");
+        scrape::value(&text, series)
     }
 
     /// SIGTERM, as an orchestrator stops it; waits for the exit.

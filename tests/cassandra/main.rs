@@ -9,8 +9,6 @@
 mod coalescing;
 mod eviction;
 mod helpers;
-#[path = "../support/metrics_text.rs"]
-mod metrics_text;
 mod restart;
 mod round_trip;
 mod store;

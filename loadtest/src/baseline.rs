@@ -1,0 +1,126 @@
+//! The transport ceiling: a `readstates.v1` server that does no work at all
+//! and answers with canned responses of realistic size. What readstates
+//! reaches divided by what this reaches, same load and machine, is the
+//! measure of readstates' own overhead.
+
+use std::net::SocketAddr;
+
+use readstates::proto::read_states_server::{ReadStates, ReadStatesServer};
+use readstates::proto::*;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{Request, Response, Status};
+
+#[derive(Debug, Clone)]
+pub struct BaselineService {
+    read_states: GetReadStatesResponse,
+    one: ReadState,
+}
+
+impl BaselineService {
+    /// Answers `GetReadStates` with `read_states` read states.
+    pub fn new(read_states: u64) -> BaselineService {
+        let state = |channel_id| ReadState {
+            channel_id,
+            kind: 0,
+            last_acked_id: 1_234_567_890_123,
+            mention_count: 1,
+            unread_count: 2,
+            version: 1_700_000_000_000_000,
+        };
+        BaselineService {
+            read_states: GetReadStatesResponse {
+                version: 1_700_000_000_000_000,
+                partial: false,
+                read_states: (1..=read_states).map(state).collect(),
+                deleted: vec![],
+                total_mention_count: read_states,
+                unread_channel_count: read_states as u32,
+            },
+            one: state(1),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ReadStates for BaselineService {
+    async fn get_read_states(
+        &self,
+        _: Request<GetReadStatesRequest>,
+    ) -> Result<Response<GetReadStatesResponse>, Status> {
+        Ok(Response::new(self.read_states.clone()))
+    }
+
+    async fn ack(&self, _: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
+        Ok(Response::new(AckResponse {
+            applied: true,
+            version: self.one.version,
+            read_state: Some(self.one),
+        }))
+    }
+
+    async fn bulk_ack(
+        &self,
+        request: Request<BulkAckRequest>,
+    ) -> Result<Response<BulkAckResponse>, Status> {
+        let entries = request.get_ref().entries.len();
+        Ok(Response::new(BulkAckResponse {
+            version: self.one.version,
+            read_states: vec![self.one; entries],
+        }))
+    }
+
+    async fn message_created(
+        &self,
+        request: Request<MessageCreatedRequest>,
+    ) -> Result<Response<MessageCreatedResponse>, Status> {
+        let r = request.get_ref();
+        Ok(Response::new(MessageCreatedResponse {
+            updated: (r.mentioned_user_ids.len() + r.unread_user_ids.len()) as u32,
+        }))
+    }
+
+    async fn delete_read_states(
+        &self,
+        _: Request<DeleteReadStatesRequest>,
+    ) -> Result<Response<DeleteReadStatesResponse>, Status> {
+        Ok(Response::new(DeleteReadStatesResponse {
+            version: self.one.version,
+            deleted: 1,
+        }))
+    }
+
+    async fn get_badge_counts(
+        &self,
+        request: Request<GetBadgeCountsRequest>,
+    ) -> Result<Response<GetBadgeCountsResponse>, Status> {
+        let counts = request
+            .get_ref()
+            .user_ids
+            .iter()
+            .map(|&user_id| BadgeCount {
+                user_id,
+                total_mention_count: 1,
+                unread_channel_count: 1,
+            })
+            .collect();
+        Ok(Response::new(GetBadgeCountsResponse { counts }))
+    }
+}
+
+/// Serves the baseline on `listener` until the process ends, with the same
+/// transport settings as readstates.
+pub async fn serve(listener: TcpListener, read_states: u64) -> Result<(), String> {
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(ReadStatesServer::new(BaselineService::new(read_states)))
+        .serve_with_incoming(TcpListenerStream::new(listener))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+pub async fn bind(address: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|e| format!("{address}: {e}"))
+}

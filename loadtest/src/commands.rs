@@ -1,0 +1,164 @@
+//! The subcommands: what `loadtest run`, `sweep` and `baseline-server` do
+//! with their arguments, and where they write reports and charts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::chart;
+use crate::report::Report;
+use crate::runner::{RunConfig, Session};
+use crate::sweep;
+use crate::workload::Workload;
+
+/// One named target: `name=url`, or just a URL (named by itself).
+#[derive(Clone, Debug)]
+pub struct NamedTarget {
+    pub name: String,
+    pub url: String,
+    pub metrics: Option<SocketAddr>,
+}
+
+impl std::str::FromStr for NamedTarget {
+    type Err = String;
+
+    /// `name=url[,metrics=host:port]`
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, rest) = s
+            .split_once('=')
+            .filter(|(n, _)| !n.contains("://"))
+            .unwrap_or((s, s));
+        let (url, metrics) = match rest.split_once(",metrics=") {
+            Some((url, metrics)) => (
+                url,
+                Some(metrics.parse().map_err(|e| format!("{metrics}: {e}"))?),
+            ),
+            None => (rest, None),
+        };
+        Ok(NamedTarget {
+            name: name.to_owned(),
+            url: url.to_owned(),
+            metrics,
+        })
+    }
+}
+
+fn session_config(workload: &Arc<Workload>, target: &NamedTarget) -> RunConfig {
+    RunConfig {
+        name: target.name.clone(),
+        url: target.url.clone(),
+        workload: workload.clone(),
+        metrics: target.metrics,
+        progress: true,
+    }
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let json = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1_000.0
+}
+
+/// `loadtest run`: one measured run; the report as a table, JSON and an
+/// over-time chart.
+pub async fn run(
+    workload: Workload,
+    target: NamedTarget,
+    rate: Option<u64>,
+    duration: Option<Duration>,
+    report_path: Option<PathBuf>,
+    chart_path: Option<PathBuf>,
+) -> Result<Report, String> {
+    let workload = Arc::new(workload);
+    let rate = rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
+    let duration = duration.unwrap_or(workload.load.duration);
+    let session = Session::start(session_config(&workload, &target)).await?;
+    let report = session.measure(rate, duration).await?;
+    println!("{}", report.table());
+    if let Some(path) = report_path {
+        write_json(&path, &report)?;
+    }
+    if let Some(path) = chart_path {
+        let points = report
+            .timeline
+            .iter()
+            .map(|w| (w.second as f64, ms(w.p999_us)))
+            .collect();
+        let title = format!("{}: p99.9 of each second", report.name);
+        chart::over_time(&path, &title, &[(report.name.clone(), points)])?;
+    }
+    Ok(report)
+}
+
+/// `loadtest sweep`: steps each target's rate up to saturation; one chart
+/// of p99.9 against throughput with a line per target.
+pub async fn sweep(
+    workload: Workload,
+    targets: Vec<NamedTarget>,
+    rates: Vec<u64>,
+    step: Duration,
+    report_path: Option<PathBuf>,
+    chart_path: Option<PathBuf>,
+) -> Result<Vec<Vec<Report>>, String> {
+    let workload = Arc::new(workload);
+    let mut all = Vec::new();
+    for target in &targets {
+        eprintln!("sweep of {} ({})", target.name, target.url);
+        let mut config = session_config(&workload, target);
+        config.progress = false;
+        let session = Session::start(config).await?;
+        all.push(sweep::run(&session, &rates, step).await?);
+    }
+    if let Some(path) = report_path {
+        write_json(&path, &all)?;
+    }
+    if let Some(path) = chart_path {
+        let series: Vec<chart::Series> = all
+            .iter()
+            .zip(&targets)
+            .map(|(reports, target)| {
+                let points = reports
+                    .iter()
+                    .map(|r| (r.throughput, ms(r.latency.p999_us)))
+                    .collect();
+                (target.name.clone(), points)
+            })
+            .collect();
+        chart::latency_vs_throughput(&path, "p99.9 latency against throughput", &series)?;
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse_with_and_without_names() {
+        let plain: NamedTarget = "grpc://127.0.0.1:1".parse().unwrap();
+        assert_eq!(
+            (plain.name.as_str(), plain.url.as_str()),
+            ("grpc://127.0.0.1:1", "grpc://127.0.0.1:1")
+        );
+        let named: NamedTarget = "memory=grpc://127.0.0.1:1,metrics=127.0.0.1:2"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            (named.name.as_str(), named.url.as_str()),
+            ("memory", "grpc://127.0.0.1:1")
+        );
+        assert_eq!(named.metrics, Some("127.0.0.1:2".parse().unwrap()));
+        assert!(
+            "x=grpc://a,metrics=nonsense"
+                .parse::<NamedTarget>()
+                .is_err()
+        );
+    }
+}

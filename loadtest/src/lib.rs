@@ -1,0 +1,25 @@
+//! loadtest: measures readstates against the transport ceiling (a no-work
+//! server speaking the same protocol), write-through, and Redis.
+//!
+//! # Layout
+//! - [`workload`]: the workload as data (TOML); [`keys`] draws users
+//!   (uniform or Zipf); [`op`] draws operations.
+//! - [`schedule`]: open-loop due times; [`runner`] drives open and closed
+//!   loops against a [`target`] and records into [`stats`] (HDR histograms).
+//! - [`report`]: table and JSON; [`chart`]: SVG charts; [`sweep`]: rate steps.
+//! - [`baseline`]: the no-work server.
+
+#![forbid(unsafe_code)]
+
+pub mod baseline;
+pub mod chart;
+pub mod commands;
+pub mod keys;
+pub mod op;
+pub mod report;
+pub mod runner;
+pub mod schedule;
+pub mod stats;
+pub mod sweep;
+pub mod target;
+pub mod workload;

@@ -1,0 +1,44 @@
+//! Where requests go: a `readstates.v1` gRPC server (readstates itself or
+//! the baseline server), or Redis running the same operations as scripts.
+//! Chosen by the target's URL: `grpc://host:port` or `redis://host:port`.
+
+pub mod grpc;
+pub mod redis;
+
+use crate::op::Op;
+
+#[derive(Debug)]
+pub enum Target {
+    Grpc(grpc::GrpcTarget),
+    /// Boxed: it carries its scripts, and the enum is made once per run.
+    Redis(Box<redis::RedisTarget>),
+}
+
+impl Target {
+    /// Opens `connections` connections to `url`.
+    pub async fn connect(url: &str, connections: usize) -> Result<Target, String> {
+        if let Some(address) = url
+            .strip_prefix("grpc://")
+            .or_else(|| url.strip_prefix("http://"))
+        {
+            return Ok(Target::Grpc(
+                grpc::GrpcTarget::connect(address, connections).await?,
+            ));
+        }
+        if url.starts_with("redis://") {
+            let target = redis::RedisTarget::connect(url, connections).await?;
+            return Ok(Target::Redis(Box::new(target)));
+        }
+        Err(format!(
+            "{url}: expected grpc://host:port or redis://host:port"
+        ))
+    }
+
+    /// Sends one operation; an error is its status code's name.
+    pub async fn execute(&self, op: &Op) -> Result<(), String> {
+        match self {
+            Target::Grpc(target) => target.execute(op).await,
+            Target::Redis(target) => target.execute(op).await,
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! A `readstates.v1.ReadStates` server over gRPC, on several HTTP/2
+//! connections used in turn.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::proto::*;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::op::Op;
+
+#[derive(Debug)]
+pub struct GrpcTarget {
+    clients: Vec<ReadStatesClient<Channel>>,
+    next: AtomicUsize,
+}
+
+impl GrpcTarget {
+    pub async fn connect(address: &str, connections: usize) -> Result<GrpcTarget, String> {
+        let mut clients = Vec::with_capacity(connections);
+        for _ in 0..connections.max(1) {
+            let channel = Endpoint::from_shared(format!("http://{address}"))
+                .map_err(|e| format!("{address}: {e}"))?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .map_err(|e| format!("connect to {address}: {e}"))?;
+            clients.push(ReadStatesClient::new(channel));
+        }
+        Ok(GrpcTarget {
+            clients,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    pub async fn execute(&self, op: &Op) -> Result<(), String> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
+        let mut client = self.clients[index].clone();
+        let result = match op.clone() {
+            Op::GetReadStates { user_id } => {
+                let request = GetReadStatesRequest {
+                    user_id,
+                    ..GetReadStatesRequest::default()
+                };
+                client.get_read_states(request).await.map(drop)
+            }
+            Op::Ack {
+                user_id,
+                channel_id,
+                message_id,
+            } => {
+                let request = AckRequest {
+                    user_id,
+                    channel_id,
+                    message_id,
+                    ..AckRequest::default()
+                };
+                client.ack(request).await.map(drop)
+            }
+            Op::BulkAck { user_id, entries } => {
+                let entries = entries
+                    .into_iter()
+                    .map(|(channel_id, message_id)| AckEntry {
+                        channel_id,
+                        kind: 0,
+                        message_id,
+                    })
+                    .collect();
+                client
+                    .bulk_ack(BulkAckRequest { user_id, entries })
+                    .await
+                    .map(drop)
+            }
+            Op::MessageCreated {
+                channel_id,
+                message_id,
+                author_id,
+                mentioned,
+                unread,
+            } => {
+                let request = MessageCreatedRequest {
+                    channel_id,
+                    message_id,
+                    author_id,
+                    mentioned_user_ids: mentioned,
+                    unread_user_ids: unread,
+                    kind: 0,
+                };
+                client.message_created(request).await.map(drop)
+            }
+            Op::GetBadgeCounts { user_ids } => client
+                .get_badge_counts(GetBadgeCountsRequest { user_ids })
+                .await
+                .map(drop),
+        };
+        result.map_err(|status| format!("{:?}", status.code()))
+    }
+}
