@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 
 use crate::cache::{Cache, CacheConfig};
 use crate::config::{Config, StoreKind};
@@ -109,14 +109,10 @@ impl Application {
         let service = ReadStatesService::new(cache.clone(), config.max_concurrent_requests);
         let mut server = tokio::spawn(
             Server::builder()
-                .tcp_nodelay(true)
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(ReadStatesServer::new(service))
-                .serve_with_incoming_shutdown(
-                    TcpListenerStream::new(grpc),
-                    stop.clone().cancelled_owned(),
-                ),
+                .serve_with_incoming_shutdown(incoming(grpc), stop.clone().cancelled_owned()),
         );
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
@@ -169,6 +165,14 @@ pub async fn migrate(config: &Config) -> Result<(), BoxError> {
     let session = cassandra::connect(&cassandra).await?;
     cassandra::schema::migrate(&session, &cassandra.keyspace, &cassandra.replication).await?;
     Ok(())
+}
+
+/// Connections accepted from `listener`, with Nagle's algorithm off: a
+/// response is several small writes (headers, data, trailers), and Nagle
+/// would hold the later ones until the client's delayed ACK, up to 40 ms.
+/// (`Server::tcp_nodelay` only applies to listeners tonic binds itself.)
+pub fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 async fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {

@@ -102,13 +102,19 @@ pub fn store_written(read_states: usize) {
     counter!(STORE_WRITTEN).increment(read_states as u64);
 }
 
-/// Copies the cache's counters and gauges into the recorder every second.
+/// Every second: copies the cache's counters and gauges into the recorder,
+/// and runs the recorder's upkeep, which folds recorded histogram samples
+/// into their buckets (without it they pile up until the next scrape).
 pub fn spawn_sampler(cache: Arc<Cache>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let recorder = handle();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
-                _ = tick.tick() => sample(&cache),
+                _ = tick.tick() => {
+                    sample(&cache);
+                    recorder.run_upkeep();
+                }
                 () = stop.cancelled() => return,
             }
         }

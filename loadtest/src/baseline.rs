@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 use readstates::proto::read_states_server::{ReadStates, ReadStatesServer};
 use readstates::proto::*;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::{Request, Response, Status};
 
 #[derive(Debug, Clone)]
@@ -112,9 +111,8 @@ impl ReadStates for BaselineService {
 /// transport settings as readstates.
 pub async fn serve(listener: TcpListener, read_states: u64) -> Result<(), String> {
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(ReadStatesServer::new(BaselineService::new(read_states)))
-        .serve_with_incoming(TcpListenerStream::new(listener))
+        .serve_with_incoming(readstates::app::incoming(listener))
         .await
         .map_err(|e| e.to_string())
 }

@@ -117,3 +117,16 @@ async fn garbage_and_broken_connections_do_not_disturb_others() {
     let again = app.client.ack(ack(1, 1, 2)).await.unwrap().into_inner();
     assert!(again.applied, "still serving");
 }
+
+#[tokio::test]
+async fn accepted_connections_have_nagle_off() {
+    use futures::StreamExt;
+    // A response is several small writes; with Nagle on, the later ones wait
+    // for the client's delayed ACK (up to 40 ms at low request rates).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut incoming = readstates::app::incoming(listener);
+    let _client = TcpStream::connect(addr).await.unwrap();
+    let accepted = incoming.next().await.unwrap().unwrap();
+    assert!(accepted.nodelay().unwrap());
+}
