@@ -30,7 +30,7 @@ fn cache(capacity: usize) -> Arc<Cache> {
             capacity,
             shards: 64,
             write_delay: Duration::from_secs(3600),
-            max_unwritten: usize::MAX,
+            max_evicted_unwritten: usize::MAX,
         },
         Arc::new(MemoryStore::new()),
     )
@@ -171,7 +171,7 @@ fn miss_path(c: &mut Criterion) {
             capacity: 1_000 * CHANNELS as usize,
             shards: 64,
             write_delay: Duration::from_secs(3600),
-            max_unwritten: usize::MAX,
+            max_evicted_unwritten: usize::MAX,
         },
         store,
     );

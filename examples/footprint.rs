@@ -89,7 +89,7 @@ async fn ours(users: u64, channels: u64) -> usize {
             capacity: (users * channels) as usize * 11 / 10,
             shards: 64,
             write_delay: Duration::from_secs(30),
-            max_unwritten: usize::MAX,
+            max_evicted_unwritten: usize::MAX,
         },
         Arc::new(MadeUpStore { channels }),
     );

@@ -46,7 +46,7 @@ impl Application {
                 capacity: config.cache_capacity,
                 shards: config.shards,
                 write_delay: config.write_delay,
-                max_unwritten: config.max_unwritten,
+                max_evicted_unwritten: config.max_evicted_unwritten,
             },
             store,
         );

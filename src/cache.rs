@@ -34,8 +34,9 @@ pub struct CacheConfig {
     pub shards: usize,
     /// How long after a user's first unwritten change its write starts.
     pub write_delay: Duration,
-    /// Unwritten read states beyond which changes are refused.
-    pub max_unwritten: usize,
+    /// Read states evicted before the store took them (held beyond
+    /// `capacity`) beyond which changes are refused.
+    pub max_evicted_unwritten: usize,
 }
 
 #[derive(Debug)]
@@ -47,6 +48,8 @@ pub struct Cache {
     config: CacheConfig,
     /// Unwritten read states over all shards (each shard adds its part).
     dirty_total: Arc<AtomicUsize>,
+    /// Read states in the shards' eviction buffers, likewise.
+    evicted_total: Arc<AtomicUsize>,
 }
 
 impl Cache {
@@ -54,14 +57,22 @@ impl Cache {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
         let dirty_total = Arc::new(AtomicUsize::new(0));
+        let evicted_total = Arc::new(AtomicUsize::new(0));
         Arc::new(Cache {
             shards: (0..shards)
-                .map(|_| Mutex::new(Shard::new(per_shard, dirty_total.clone())))
+                .map(|_| {
+                    Mutex::new(Shard::new(
+                        per_shard,
+                        dirty_total.clone(),
+                        evicted_total.clone(),
+                    ))
+                })
                 .collect(),
             wakers: (0..shards).map(|_| Notify::new()).collect(),
             store,
             config,
             dirty_total,
+            evicted_total,
         })
     }
 
@@ -155,11 +166,11 @@ impl Cache {
     }
 
     fn check_unwritten(&self) -> Result<(), Error> {
-        let dirty = self.dirty_total.load(Ordering::Relaxed);
-        if dirty >= self.config.max_unwritten {
+        let evicted = self.evicted_unwritten();
+        if evicted >= self.config.max_evicted_unwritten {
             return Err(Error::TooManyUnwritten {
-                dirty,
-                limit: self.config.max_unwritten,
+                evicted,
+                limit: self.config.max_evicted_unwritten,
             });
         }
         Ok(())
@@ -272,6 +283,11 @@ impl Cache {
     /// Read states (and tombstones) held in memory over all shards.
     pub fn stats_read_states(&self) -> usize {
         self.stats().0.read_states
+    }
+
+    /// Read states evicted before the store took them, over all shards.
+    pub fn evicted_unwritten(&self) -> usize {
+        self.evicted_total.load(Ordering::Relaxed)
     }
 
     /// Unwritten read states over all shards.

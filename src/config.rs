@@ -149,9 +149,10 @@ pub struct Settings {
     /// Store writes under way at once.
     #[arg(long, env = "READSTATES_FLUSH_CONCURRENCY")]
     pub flush_concurrency: Option<usize>,
-    /// Unwritten read states beyond which changes get UNAVAILABLE.
+    /// Read states evicted from the cache before the store took them, beyond
+    /// which changes get UNAVAILABLE (memory bound for a failing store).
     #[arg(long, env = "READSTATES_MAX_UNWRITTEN")]
-    pub max_unwritten: Option<usize>,
+    pub max_evicted_unwritten: Option<usize>,
     /// Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "READSTATES_MAX_CONCURRENT_REQUESTS")]
     pub max_concurrent_requests: Option<usize>,
@@ -198,7 +199,7 @@ pub struct Config {
     pub cache_capacity: usize,
     pub shards: usize,
     pub flush_concurrency: usize,
-    pub max_unwritten: usize,
+    pub max_evicted_unwritten: usize,
     pub max_concurrent_requests: usize,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
@@ -244,7 +245,7 @@ impl Config {
             cache_capacity: s.cache_capacity.unwrap_or(10_000_000),
             shards: s.shards.unwrap_or(64),
             flush_concurrency: s.flush_concurrency.unwrap_or(32),
-            max_unwritten: s.max_unwritten.unwrap_or(2_000_000),
+            max_evicted_unwritten: s.max_evicted_unwritten.unwrap_or(2_000_000),
             max_concurrent_requests: s.max_concurrent_requests.unwrap_or(10_000),
             shutdown_timeout: s.shutdown_timeout.unwrap_or(Duration::from_secs(30)),
             log_format: s.log_format.unwrap_or(LogFormat::Text),
@@ -304,7 +305,7 @@ impl Settings {
             cache_capacity: self.cache_capacity.or(other.cache_capacity),
             shards: self.shards.or(other.shards),
             flush_concurrency: self.flush_concurrency.or(other.flush_concurrency),
-            max_unwritten: self.max_unwritten.or(other.max_unwritten),
+            max_evicted_unwritten: self.max_evicted_unwritten.or(other.max_evicted_unwritten),
             max_concurrent_requests: self
                 .max_concurrent_requests
                 .or(other.max_concurrent_requests),

@@ -11,9 +11,10 @@ pub enum Error {
     /// The user could not be loaded from the store.
     #[error("read states of user {user_id} could not be loaded: {reason}")]
     LoadFailed { user_id: u64, reason: String },
-    /// Too many changes wait for the store; memory must not grow further.
-    #[error("{dirty} read states are waiting to be written (limit {limit}); retry later")]
-    TooManyUnwritten { dirty: usize, limit: usize },
+    /// The store is not keeping up (or is down): too many evicted read
+    /// states wait for it, and memory must not grow further.
+    #[error("{evicted} evicted read states are waiting for the store (limit {limit}); retry later")]
+    TooManyUnwritten { evicted: usize, limit: usize },
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },

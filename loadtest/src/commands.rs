@@ -136,9 +136,72 @@ pub async fn sweep(
     Ok(all)
 }
 
+/// `loadtest summary`: one line per report in `dir` (`*.json` of one run
+/// each), as a Markdown table.
+pub fn summary(dir: &Path) -> Result<String, String> {
+    let mut reports = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            // Sweep files hold lists of reports; they have their own chart.
+            if let Ok(report) = serde_json::from_str::<Report>(&text) {
+                reports.push((
+                    path.file_stem()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned(),
+                    report,
+                ));
+            }
+        }
+    }
+    reports.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out = String::from(
+        "| run | mode | ok/s | p50 ms | p99 ms | p99.9 ms | errors | store writes per change | worst/median 1 s p99.9 |\n\
+         | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (file, r) in &reports {
+        let mode = r
+            .target_rate
+            .map_or("closed".to_owned(), |rate| format!("open {rate}/s"));
+        let writes = r
+            .store
+            .as_ref()
+            .map_or("".to_owned(), |s| format!("{:.4}", s.writes_per_change));
+        out += &format!(
+            "| {file} | {mode} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {writes} | {:.2} |\n",
+            r.throughput,
+            ms(r.latency.p50_us),
+            ms(r.latency.p99_us),
+            ms(r.latency.p999_us),
+            r.errors,
+            r.spike_ratio()
+        );
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summary_tables_every_run_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let report = Report {
+            name: "memory".into(),
+            throughput: 1234.4,
+            ..Report::default()
+        };
+        write_json(&dir.path().join("a-memory.json"), &report).unwrap();
+        write_json(&dir.path().join("sweep.json"), &vec![vec![report.clone()]]).unwrap();
+        let table = summary(dir.path()).unwrap();
+        assert_eq!(table.lines().count(), 3, "{table}");
+        assert!(table.contains("| a-memory | closed | 1234 |"), "{table}");
+    }
 
     #[test]
     fn targets_parse_with_and_without_names() {

@@ -62,6 +62,8 @@ enum Command {
         #[arg(long)]
         chart: Option<PathBuf>,
     },
+    /// A Markdown table of the run reports (`*.json`) in a directory.
+    Summary { dir: PathBuf },
     /// Serves readstates.v1 with canned responses and no work: the transport ceiling.
     BaselineServer {
         #[arg(long, default_value = "127.0.0.1:50061")]
@@ -106,6 +108,7 @@ async fn main() -> ExitCode {
             }
             Err(e) => Err(e),
         },
+        Command::Summary { dir } => commands::summary(&dir).map(|table| print!("{table}")),
         Command::BaselineServer {
             listen,
             read_states,

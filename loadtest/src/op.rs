@@ -253,6 +253,7 @@ mod tests {
             load: Load {
                 connections: 1,
                 concurrency: 1,
+                max_in_flight: 10,
                 rate: 0,
                 duration: std::time::Duration::from_secs(1),
                 warmup: std::time::Duration::ZERO,

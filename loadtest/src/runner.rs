@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
-use readstates::metrics::scrape;
+use readstates::metrics::{self, scrape};
 use tokio::sync::Semaphore;
 
 use crate::op::{Generator, MessageIds, Op};
@@ -22,8 +22,8 @@ use crate::workload::Workload;
 
 /// How long in-flight requests may take to finish once sending has stopped.
 const DRAIN: Duration = Duration::from_secs(10);
-const STORE_WRITES: &str = "readstates_store_operations_total{";
-const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
+/// The longest [`Session::settle`] waits: well past the default 30 s write delay.
+const SETTLE_LIMIT: Duration = Duration::from_secs(120);
 
 #[derive(Clone, Debug)]
 pub struct RunConfig {
@@ -117,12 +117,16 @@ impl Session {
             )
             .await;
         }
+        // Count exactly this run's writes: start once earlier changes (the
+        // preload's, the warm-up's) are written, end once this run's are.
+        self.settle().await?;
         let before = self.store_writes().await?;
         let stats = Arc::new(Mutex::new(Stats::default()));
         let started = Instant::now();
         self.drive(rate, duration, stats.clone(), self.config.progress)
             .await;
         let elapsed = started.elapsed().min(duration + DRAIN);
+        self.settle().await?;
         let after = self.store_writes().await?;
         let stats = stats.lock().map_err(|_| "stats lock poisoned")?.clone();
         let mut report = Report::new(
@@ -145,6 +149,35 @@ impl Session {
         Ok(report)
     }
 
+    /// Waits until the target has written every change (its unwritten
+    /// gauge reads 0), if its metrics are known.
+    async fn settle(&self) -> Result<(), String> {
+        let Some(addr) = self.config.metrics else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let mut told = false;
+        loop {
+            let text = scrape::fetch(addr)
+                .await
+                .map_err(|e| format!("{addr}: {e}"))?;
+            let unwritten = scrape::value(&text, &format!("{} ", metrics::UNWRITTEN_READ_STATES));
+            if unwritten == 0.0 {
+                return Ok(());
+            }
+            if started.elapsed() > SETTLE_LIMIT {
+                return Err(format!(
+                    "{unwritten} read states still unwritten after {SETTLE_LIMIT:?}"
+                ));
+            }
+            if self.config.progress && !told {
+                eprintln!("waiting for {unwritten} unwritten read states to be written");
+                told = true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     async fn store_writes(&self) -> Result<Option<(f64, f64)>, String> {
         let Some(addr) = self.config.metrics else {
             return Ok(None);
@@ -155,13 +188,13 @@ impl Session {
         let writes = text
             .lines()
             .filter(|l| {
-                l.starts_with(STORE_WRITES)
+                l.starts_with(metrics::STORE_OPERATIONS)
                     && l.contains("operation=\"write\"")
                     && l.contains("result=\"ok\"")
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum();
-        Ok(Some((writes, scrape::value(&text, STORE_WRITTEN))))
+        Ok(Some((writes, scrape::value(&text, metrics::STORE_WRITTEN))))
     }
 
     /// Sends for `duration`, recording into `stats`, with per-second windows.
@@ -207,8 +240,8 @@ impl Session {
     }
 
     /// A thread schedules (its sleeps are far finer than tokio's 1 ms timer);
-    /// the runtime sends. Requests beyond `concurrency` in flight are
-    /// dropped and counted, not queued.
+    /// the runtime sends. Requests beyond `max_in_flight` are dropped and
+    /// counted, not queued.
     async fn open_loop(
         &self,
         rate: u64,
@@ -216,8 +249,8 @@ impl Session {
         duration: Duration,
         stats: Arc<Mutex<Stats>>,
     ) {
-        let concurrency = self.config.workload.load.concurrency;
-        let in_flight = Arc::new(Semaphore::new(concurrency));
+        let limit = self.config.workload.load.max_in_flight;
+        let in_flight = Arc::new(Semaphore::new(limit));
         let runtime = tokio::runtime::Handle::current();
         let (target, generator, permits) = (
             self.target.clone(),
@@ -244,7 +277,7 @@ impl Session {
                             &stats,
                             &op,
                             Duration::ZERO,
-                            &Err("Dropped (client at concurrency limit)".into()),
+                            &Err("Dropped (client at max_in_flight)".into()),
                         );
                         continue;
                     };
@@ -258,7 +291,7 @@ impl Session {
         });
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         // Let the requests still in flight finish, and count them.
-        let _ = tokio::time::timeout(DRAIN, in_flight.acquire_many(concurrency as u32)).await;
+        let _ = tokio::time::timeout(DRAIN, in_flight.acquire_many(limit as u32)).await;
     }
 }
 

@@ -106,9 +106,13 @@ impl Default for BadgeCountsShape {
 pub struct Load {
     /// Connections to the target; requests are spread over them.
     pub connections: usize,
-    /// Closed loop: requests in flight (one worker each). Open loop: the most
-    /// in flight before new ones count as dropped.
+    /// Closed loop: requests in flight (one worker each).
     pub concurrency: usize,
+    /// Open loop: the most requests in flight; beyond it new ones are
+    /// dropped and counted as errors (so a stalled target cannot make this
+    /// tool grow without bound).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
     /// Open loop: requests per second. 0: closed loop.
     #[serde(default)]
     pub rate: u64,
@@ -120,6 +124,10 @@ pub struct Load {
     /// Before measuring, give every user a read state in each of its channels.
     #[serde(default)]
     pub preload: bool,
+}
+
+fn default_max_in_flight() -> usize {
+    10_000
 }
 
 impl Workload {
@@ -155,8 +163,9 @@ impl Workload {
         if self.badge_counts.users == 0 || self.badge_counts.users > 1_000 {
             return Err("badge_counts.users: 1 to 1000".into());
         }
-        if self.load.connections == 0 || self.load.concurrency == 0 {
-            return Err("load: connections and concurrency must be above 0".into());
+        if self.load.connections == 0 || self.load.concurrency == 0 || self.load.max_in_flight == 0
+        {
+            return Err("load: connections, concurrency and max_in_flight must be above 0".into());
         }
         Ok(())
     }

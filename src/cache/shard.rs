@@ -93,15 +93,22 @@ pub(crate) struct Shard {
     in_flight: HashSet<u64>,
     /// Unwritten read states in this shard, cached or evicted.
     dirty: usize,
-    /// The same, summed over all shards, for the memory bound.
+    /// The same, summed over all shards.
     dirty_total: Arc<AtomicUsize>,
+    /// Read states in `evicted` (see [`weight`]), summed over all shards:
+    /// the memory held beyond capacity, which the memory bound limits.
+    evicted_total: Arc<AtomicUsize>,
     pub(crate) stats: ShardStats,
     /// Something was queued since the flusher was last woken.
     wake: bool,
 }
 
 impl Shard {
-    pub(crate) fn new(capacity: usize, dirty_total: Arc<AtomicUsize>) -> Shard {
+    pub(crate) fn new(
+        capacity: usize,
+        dirty_total: Arc<AtomicUsize>,
+        evicted_total: Arc<AtomicUsize>,
+    ) -> Shard {
         Shard {
             users: LruCache::unbounded(),
             read_states: 0,
@@ -113,6 +120,7 @@ impl Shard {
             in_flight: HashSet::new(),
             dirty: 0,
             dirty_total,
+            evicted_total,
             stats: ShardStats::default(),
             wake: false,
         }
@@ -132,7 +140,10 @@ impl Shard {
             return;
         }
         if let Some(user) = self.evicted.remove(&user_id) {
+            self.evicted_total
+                .fetch_sub(weight(&user.states), Ordering::Relaxed);
             self.insert(user_id, user);
+            self.evict_over_capacity(user_id);
         }
     }
 
@@ -218,6 +229,8 @@ impl Shard {
                     self.ready.push_back(user_id);
                     self.wake = true;
                 }
+                self.evicted_total
+                    .fetch_add(weight(&user.states), Ordering::Relaxed);
                 self.evicted.insert(user_id, user);
             }
         }
@@ -283,7 +296,10 @@ impl Shard {
         let (len, dirty) = (weight(&user.states), user.states.dirty_count());
         if let Some(version) = version {
             user.states.mark_flushed(version);
-            user.states.prune_tombstones(now_us);
+            // An evicted user keeps its weight until it leaves the buffer.
+            if !evicted {
+                user.states.prune_tombstones(now_us);
+            }
         }
         let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
         let still_dirty = user.states.is_dirty();
@@ -296,8 +312,9 @@ impl Shard {
         }
         self.adjust_dirty(dirty, new_dirty);
         if evicted {
-            if !still_dirty {
-                self.evicted.remove(&user_id);
+            if !still_dirty && let Some(user) = self.evicted.remove(&user_id) {
+                self.evicted_total
+                    .fetch_sub(weight(&user.states), Ordering::Relaxed);
             }
         } else {
             self.read_states = self.read_states + new_len - len;

@@ -15,7 +15,7 @@ pub(crate) fn config(capacity: usize) -> CacheConfig {
         capacity,
         shards: 1,
         write_delay: Duration::from_secs(30),
-        max_unwritten: 1_000,
+        max_evicted_unwritten: 1_000,
     }
 }
 
@@ -157,21 +157,39 @@ async fn an_evicted_user_keeps_its_unwritten_changes() {
 }
 
 #[tokio::test]
-async fn changes_are_refused_past_the_unwritten_bound() {
+async fn changes_are_refused_when_evicted_changes_pile_up() {
+    // No write-behind runs, as if the store were down: evicted users stay
+    // in the eviction buffer.
     let cache = Cache::new(
         CacheConfig {
-            max_unwritten: 3,
-            ..config(100)
+            max_evicted_unwritten: 2,
+            ..config(2)
         },
         Arc::new(MemoryStore::new()),
     );
-    for channel_id in 1..=3 {
+    for channel_id in 1..=2 {
         ack(&cache, 1, channel_id, 1).await.unwrap();
     }
-    let error = ack(&cache, 1, 4, 1).await.unwrap_err();
-    assert_eq!(error, Error::TooManyUnwritten { dirty: 3, limit: 3 });
+    ack(&cache, 2, 1, 1).await.unwrap(); // evicts user 1: 2 read states wait
+    assert_eq!(
+        cache.unwritten(),
+        3,
+        "unwritten cached changes alone are not refused"
+    );
+    let error = ack(&cache, 3, 1, 1).await.unwrap_err();
+    assert_eq!(
+        error,
+        Error::TooManyUnwritten {
+            evicted: 2,
+            limit: 2
+        }
+    );
     assert_eq!(error.code(), tonic::Code::Unavailable);
-    assert_eq!(last_acked(&cache, 1, 1).await, Some(1), "reads still work");
+    assert_eq!(last_acked(&cache, 2, 1).await, Some(1), "reads still work");
+    // Reading user 1 takes it back into the cache (evicting user 2 into the
+    // buffer in its place): the bound follows what is held beyond capacity.
+    assert_eq!(last_acked(&cache, 1, 2).await, Some(1));
+    assert_eq!(cache.evicted_unwritten(), 1);
 }
 
 #[tokio::test]

@@ -20,7 +20,7 @@ fn start(store: Arc<ScriptedStore>, capacity: usize) -> (Arc<Cache>, WriteBehind
             capacity,
             shards: 2,
             write_delay: DELAY,
-            max_unwritten: 1_000,
+            max_evicted_unwritten: 1_000,
         },
         store,
     );
