@@ -121,12 +121,15 @@ impl Cache {
     ) -> Result<Vec<R>, Error> {
         self.check_unwritten()?;
         self.load_all(user_ids).await?;
+        // One clock read for the whole request: each user's version still
+        // rises strictly (max(previous + 1, now)).
+        let now_us = clock::now_micros();
         let mut results = Vec::with_capacity(user_ids.len());
         for (index, &user_id) in user_ids.iter().enumerate() {
             let result = self
                 .with_user(user_id, |shard| {
                     shard.apply(user_id, self.config.write_delay, |user| {
-                        f(index, user, clock::now_micros())
+                        f(index, user, now_us)
                     })
                 })
                 .await?;
@@ -156,6 +159,10 @@ impl Cache {
             .copied()
             .filter(|&id| !self.lock(self.shard_of(id)).contains(id))
             .collect();
+        // The usual case, without building the machinery for concurrent loads.
+        if missing.is_empty() {
+            return Ok(());
+        }
         let mut loads = futures::stream::iter(missing)
             .map(|id| self.with_user(id, move |shard| shard.contains(id).then_some(())))
             .buffer_unordered(LOADS_PER_REQUEST);

@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::metrics;
+use crate::metrics::MethodMetrics;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
 
@@ -32,6 +32,18 @@ pub struct ReadStatesService {
     cache: Arc<Cache>,
     in_progress: Arc<Semaphore>,
     max_in_progress: usize,
+    metrics: Arc<Methods>,
+}
+
+/// Each method's request metrics.
+#[derive(Debug)]
+struct Methods {
+    get_read_states: MethodMetrics,
+    ack: MethodMetrics,
+    bulk_ack: MethodMetrics,
+    message_created: MethodMetrics,
+    delete_read_states: MethodMetrics,
+    get_badge_counts: MethodMetrics,
 }
 
 impl ReadStatesService {
@@ -40,12 +52,20 @@ impl ReadStatesService {
             cache,
             in_progress: Arc::new(Semaphore::new(max_in_progress)),
             max_in_progress,
+            metrics: Arc::new(Methods {
+                get_read_states: MethodMetrics::new("GetReadStates"),
+                ack: MethodMetrics::new("Ack"),
+                bulk_ack: MethodMetrics::new("BulkAck"),
+                message_created: MethodMetrics::new("MessageCreated"),
+                delete_read_states: MethodMetrics::new("DeleteReadStates"),
+                get_badge_counts: MethodMetrics::new("GetBadgeCounts"),
+            }),
         }
     }
 
     async fn call<Req, Resp, F>(
         &self,
-        method: &'static str,
+        metrics: &MethodMetrics,
         request: Request<Req>,
         handler: impl FnOnce(Arc<Cache>, Req) -> F,
     ) -> Result<Response<Resp>, Status>
@@ -62,7 +82,7 @@ impl ReadStatesService {
         let code = result
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);
-        metrics::request(method, code, started.elapsed());
+        metrics.record(code, started.elapsed());
         result.map(Response::new).map_err(Status::from)
     }
 }
@@ -73,42 +93,59 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<GetReadStatesRequest>,
     ) -> Result<Response<GetReadStatesResponse>, Status> {
-        self.call("GetReadStates", request, get_read_states::handle)
-            .await
+        self.call(
+            &self.metrics.get_read_states,
+            request,
+            get_read_states::handle,
+        )
+        .await
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
-        self.call("Ack", request, ack::handle).await
+        self.call(&self.metrics.ack, request, ack::handle).await
     }
 
     async fn bulk_ack(
         &self,
         request: Request<BulkAckRequest>,
     ) -> Result<Response<BulkAckResponse>, Status> {
-        self.call("BulkAck", request, bulk_ack::handle).await
+        self.call(&self.metrics.bulk_ack, request, bulk_ack::handle)
+            .await
     }
 
     async fn message_created(
         &self,
         request: Request<MessageCreatedRequest>,
     ) -> Result<Response<MessageCreatedResponse>, Status> {
-        self.call("MessageCreated", request, message_created::handle)
-            .await
+        self.call(
+            &self.metrics.message_created,
+            request,
+            message_created::handle,
+        )
+        .await
     }
 
     async fn delete_read_states(
         &self,
         request: Request<DeleteReadStatesRequest>,
     ) -> Result<Response<DeleteReadStatesResponse>, Status> {
-        self.call("DeleteReadStates", request, delete_read_states::handle)
-            .await
+        self.call(
+            &self.metrics.delete_read_states,
+            request,
+            delete_read_states::handle,
+        )
+        .await
     }
 
     async fn get_badge_counts(
         &self,
         request: Request<GetBadgeCountsRequest>,
     ) -> Result<Response<GetBadgeCountsResponse>, Status> {
-        self.call("GetBadgeCounts", request, get_badge_counts::handle)
-            .await
+        self.call(
+            &self.metrics.get_badge_counts,
+            request,
+            get_badge_counts::handle,
+        )
+        .await
     }
 }

@@ -11,7 +11,7 @@ pub mod server;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -82,10 +82,34 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
-/// One gRPC request ended with `code`.
-pub fn request(method: &'static str, code: tonic::Code, elapsed: Duration) {
-    counter!(REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
-    histogram!(REQUEST_DURATION, "method" => method).record(elapsed.as_secs_f64());
+/// The request metrics of one gRPC method. The handles are resolved once:
+/// looking a labelled metric up builds its key and hashes it, which would
+/// cost every request an allocation and a registry lookup.
+#[derive(Clone, Debug)]
+pub struct MethodMetrics {
+    method: &'static str,
+    ok: Counter,
+    duration: Histogram,
+}
+
+impl MethodMetrics {
+    pub fn new(method: &'static str) -> MethodMetrics {
+        MethodMetrics {
+            method,
+            ok: counter!(REQUESTS, "method" => method, "code" => code_name(tonic::Code::Ok)),
+            duration: histogram!(REQUEST_DURATION, "method" => method),
+        }
+    }
+
+    /// One request ended with `code`.
+    pub fn record(&self, code: tonic::Code, elapsed: Duration) {
+        if code == tonic::Code::Ok {
+            self.ok.increment(1);
+        } else {
+            counter!(REQUESTS, "method" => self.method, "code" => code_name(code)).increment(1);
+        }
+        self.duration.record(elapsed.as_secs_f64());
+    }
 }
 
 /// One store operation (`load` or `write`) ended.

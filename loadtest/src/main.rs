@@ -5,6 +5,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+/// The same allocator as readstates, so that the baseline server's ceiling
+/// and readstates are measured on equal terms.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};

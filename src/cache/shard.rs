@@ -171,16 +171,20 @@ impl Shard {
             return Some(result);
         }
         let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
-        let now = Instant::now();
-        user.dirty_since.get_or_insert(now);
         // Also while a write is in flight: the change waits its own delay
         // rather than riding straight after, or a hot user would be written
         // back to back.
         let schedule = !user.queued;
+        // The clock is read only when a user starts a write window, not on
+        // every change to a user already waiting.
+        let now = (schedule || user.dirty_since.is_none()).then(Instant::now);
+        if let Some(now) = now {
+            user.dirty_since.get_or_insert(now);
+        }
         user.queued = true;
         self.read_states = self.read_states + new_len - len;
         self.adjust_dirty(dirty, new_dirty);
-        if schedule {
+        if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             self.delayed.push_back((now + write_delay, user_id));
         }

@@ -19,8 +19,9 @@ pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAc
         .iter()
         .enumerate()
         .map(|(i, entry)| {
-            let key = validate::key(&format!("entries[{i}]"), entry.channel_id, entry.kind)?;
-            let message_id = validate::id(&format!("entries[{i}].message_id"), entry.message_id)?;
+            let key = validate::key(format_args!("entries[{i}]"), entry.channel_id, entry.kind)?;
+            let message_id =
+                validate::id(format_args!("entries[{i}].message_id"), entry.message_id)?;
             Ok((key, message_id))
         })
         .collect::<Result<Vec<_>, Error>>()?;

@@ -27,7 +27,7 @@ pub async fn handle(
         .keys
         .iter()
         .enumerate()
-        .map(|(i, key)| validate::key(&format!("keys[{i}]"), key.channel_id, key.kind))
+        .map(|(i, key)| validate::key(format_args!("keys[{i}]"), key.channel_id, key.kind))
         .collect::<Result<Vec<_>, Error>>()?;
     cache
         .update(user_id, |user, now_us| {
