@@ -134,11 +134,14 @@ start_readstates "${cassandra_args[@]}" --cache-capacity 20000
 WORKLOAD=loadtest/workloads/cold.toml run 9-readstates-cassandra-cold-get "$readstates_target"
 stop_readstates
 
-# --- no spikes: half of maximum, full evicting cache, write-behind, Cassandra --
-cassandra_max=$(python3 -c "import json; print(int(json.load(open('$OUT/4-readstates-cassandra-closed.json'))['throughput'] / 2))")
+# --- no spikes: a full, evicting cache (half the data fits), write-behind to
+# Cassandra. First this configuration's own maximum, then 5 minutes at half
+# of it on the same server, data already loaded.
 start_readstates "${cassandra_args[@]}" --cache-capacity 1000000
-run 10-readstates-cassandra-over-time "$readstates_target" --rate "$cassandra_max" --duration "$SPIKE" \
-    --chart "$OUT/over-time.svg"
+run 10-readstates-cassandra-evicting-closed "$readstates_target" --rate 0 --duration "$DURATION"
+evicting_half=$(python3 -c "import json; print(int(json.load(open('$OUT/10-readstates-cassandra-evicting-closed.json'))['throughput'] / 2))")
+run 11-readstates-cassandra-evicting-over-time "$readstates_target" --rate "$evicting_half" --duration "$SPIKE" \
+    --skip-preload --chart "$OUT/over-time.svg"
 stop_readstates
 
 "$LT" summary "$OUT" | tee "$OUT/summary.md"

@@ -80,7 +80,7 @@ pub async fn run(
     let rate = rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
     let duration = duration.unwrap_or(workload.load.duration);
     let session = Session::start(session_config(&workload, &target)).await?;
-    let report = session.measure(rate, duration).await?;
+    let report = session.measure(rate, duration, true).await?;
     println!("{}", report.table());
     if let Some(path) = report_path {
         write_json(&path, &report)?;

@@ -46,6 +46,9 @@ enum Command {
         /// Write the p99.9-per-second chart (SVG) here.
         #[arg(long)]
         chart: Option<PathBuf>,
+        /// Skip the workload's preload (the target already holds the data).
+        #[arg(long)]
+        skip_preload: bool,
     },
     /// Steps the rate up to saturation for each target; one chart for all.
     Sweep {
@@ -89,10 +92,14 @@ async fn main() -> ExitCode {
             duration,
             report,
             chart,
+            skip_preload,
         } => match Workload::from_file(&workload) {
-            Ok(workload) => commands::run(workload, target, rate, duration, report, chart)
-                .await
-                .map(drop),
+            Ok(mut workload) => {
+                workload.load.preload &= !skip_preload;
+                commands::run(workload, target, rate, duration, report, chart)
+                    .await
+                    .map(drop)
+            }
             Err(e) => Err(e),
         },
         Command::Sweep {

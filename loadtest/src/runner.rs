@@ -106,7 +106,16 @@ impl Session {
     }
 
     /// Warms up, then measures for `duration` at `rate` (None: closed loop).
-    pub async fn measure(&self, rate: Option<u64>, duration: Duration) -> Result<Report, String> {
+    /// With `count_writes` (and the target's metrics known), it also counts
+    /// the store writes the run caused: it starts once earlier changes (the
+    /// preload's, the warm-up's) are written and ends once its own are,
+    /// which can take a write delay at each end.
+    pub async fn measure(
+        &self,
+        rate: Option<u64>,
+        duration: Duration,
+        count_writes: bool,
+    ) -> Result<Report, String> {
         let load = &self.config.workload.load;
         if !load.warmup.is_zero() {
             self.drive(
@@ -117,24 +126,26 @@ impl Session {
             )
             .await;
         }
-        // Count exactly this run's writes: start once earlier changes (the
-        // preload's, the warm-up's) are written, end once this run's are.
-        self.settle().await?;
-        let before = self.store_writes().await?;
+        let before = if count_writes {
+            self.settled_store_writes().await?
+        } else {
+            None
+        };
         let stats = Arc::new(Mutex::new(Stats::default()));
-        let started = Instant::now();
         self.drive(rate, duration, stats.clone(), self.config.progress)
             .await;
-        let elapsed = started.elapsed().min(duration + DRAIN);
-        self.settle().await?;
-        let after = self.store_writes().await?;
+        let after = if count_writes {
+            self.settled_store_writes().await?
+        } else {
+            None
+        };
         let stats = stats.lock().map_err(|_| "stats lock poisoned")?.clone();
         let mut report = Report::new(
             &self.config.name,
             &self.config.url,
             rate,
             load.concurrency,
-            duration.max(elapsed.min(duration)),
+            duration,
             &stats,
         );
         if let (Some((writes0, rows0)), Some((writes1, rows1))) = (before, after) {
@@ -176,6 +187,12 @@ impl Session {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// The store counters once every change is written.
+    async fn settled_store_writes(&self) -> Result<Option<(f64, f64)>, String> {
+        self.settle().await?;
+        self.store_writes().await
     }
 
     async fn store_writes(&self) -> Result<Option<(f64, f64)>, String> {

@@ -28,7 +28,9 @@ pub fn saturated(report: &Report) -> bool {
 pub async fn run(session: &Session, rates: &[u64], step: Duration) -> Result<Vec<Report>, String> {
     let mut reports = Vec::new();
     for &rate in rates {
-        let report = session.measure(Some(rate), step).await?;
+        // Latency only: waiting for writes to drain would add a write delay
+        // to every step.
+        let report = session.measure(Some(rate), step, false).await?;
         eprintln!(
             "  rate {rate}/s: achieved {:.0}/s, p99.9 {} µs, errors {}",
             report.throughput, report.latency.p999_us, report.errors

@@ -1,4 +1,4 @@
-use readstates::proto::{DeleteReadStatesRequest, GetReadStatesRequest, ReadStateKey};
+use readstates::proto::{DeleteReadStatesRequest, ReadStateKey};
 
 use crate::ack::ack;
 use crate::helpers::spawn_app;
@@ -18,16 +18,7 @@ pub fn delete(user_id: u64, channel_ids: &[u64], all: bool) -> DeleteReadStatesR
 }
 
 async fn channels(app: &mut crate::helpers::TestApp, user_id: u64) -> Vec<u64> {
-    let request = GetReadStatesRequest {
-        user_id,
-        ..GetReadStatesRequest::default()
-    };
-    let response = app
-        .client
-        .get_read_states(request)
-        .await
-        .unwrap()
-        .into_inner();
+    let response = app.all_read_states(user_id).await;
     response.read_states.iter().map(|s| s.channel_id).collect()
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use readstates::app::{Application, BoxError};
 use readstates::config::{Config, Settings, StoreKind};
 use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::proto::{GetReadStatesRequest, GetReadStatesResponse};
 use readstates::write_behind::ShutdownReport;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -37,6 +38,19 @@ impl TestApp {
             .connect()
             .await
             .expect("connect")
+    }
+
+    /// Every read state of `user_id` (`GetReadStates` with no filter).
+    pub async fn all_read_states(&mut self, user_id: u64) -> GetReadStatesResponse {
+        let request = GetReadStatesRequest {
+            user_id,
+            ..GetReadStatesRequest::default()
+        };
+        self.client
+            .get_read_states(request)
+            .await
+            .expect("GetReadStates")
+            .into_inner()
     }
 
     /// The Prometheus text at `/metrics`.

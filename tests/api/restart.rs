@@ -1,7 +1,7 @@
 //! The embedded store across a graceful restart: nothing acknowledged is lost.
 
 use readstates::config::StoreKind;
-use readstates::proto::{GetReadStatesRequest, ReadState};
+use readstates::proto::ReadState;
 
 use crate::ack::ack;
 use crate::delete_read_states::delete;
@@ -9,16 +9,7 @@ use crate::helpers::{spawn_app_with, test_config};
 use crate::message_created::message;
 
 async fn everything(app: &mut crate::helpers::TestApp, user_id: u64) -> (u64, Vec<ReadState>) {
-    let request = GetReadStatesRequest {
-        user_id,
-        ..GetReadStatesRequest::default()
-    };
-    let response = app
-        .client
-        .get_read_states(request)
-        .await
-        .unwrap()
-        .into_inner();
+    let response = app.all_read_states(user_id).await;
     (response.version, response.read_states)
 }
 
