@@ -138,18 +138,36 @@ impl Cache {
         Ok(results)
     }
 
-    /// Reads each of `user_ids`, results in order.
+    /// Reads each of `user_ids`, results in order. Reads need no
+    /// all-or-nothing, so cached users are read at once and only the
+    /// misses are loaded (several at a time) and read after.
     pub async fn read_many<R>(
         self: &Arc<Self>,
         user_ids: &[u64],
         mut f: impl FnMut(&UserReadStates) -> R,
     ) -> Result<Vec<R>, Error> {
-        self.load_all(user_ids).await?;
-        let mut results = Vec::with_capacity(user_ids.len());
-        for &user_id in user_ids {
-            results.push(self.read(user_id, &mut f).await?);
+        let mut results: Vec<Option<R>> = user_ids
+            .iter()
+            .map(|&id| {
+                let mut shard = self.lock(self.shard_of(id));
+                shard.apply(id, self.config.write_delay, |user| f(user))
+            })
+            .collect();
+        let missing: Vec<u64> = user_ids
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        if !missing.is_empty() {
+            self.load_all(&missing).await?;
+            for (slot, &user_id) in results.iter_mut().zip(user_ids) {
+                if slot.is_none() {
+                    *slot = Some(self.read(user_id, &mut f).await?);
+                }
+            }
         }
-        Ok(results)
+        Ok(results.into_iter().flatten().collect())
     }
 
     /// Loads every uncached user among `user_ids`, several at a time.

@@ -232,12 +232,13 @@ impl UserReadStates {
     /// both counters. Returns the new read state, or `None` when `message_id`
     /// is not past the last ack and nothing changed.
     pub fn ack(&mut self, key: Key, message_id: u64, now_us: u64) -> Option<ReadState> {
-        let last_acked = self.get(key).map_or(0, |e| e.last_acked_id);
-        if message_id <= last_acked {
+        // One search serves both the check and the change.
+        let position = self.position(key);
+        if message_id <= self.last_acked_at(position) {
             return None;
         }
         let version = self.next_version(now_us);
-        Some(*self.change(key, version, |e| {
+        Some(*self.change_at(position, key, version, |e| {
             e.last_acked_id = message_id;
             e.mention_count = 0;
             e.unread_count = 0;
@@ -293,12 +294,12 @@ impl UserReadStates {
         mentioned: bool,
         now_us: u64,
     ) -> bool {
-        let last_acked = self.get(key).map_or(0, |e| e.last_acked_id);
-        if message_id <= last_acked {
+        let position = self.position(key);
+        if message_id <= self.last_acked_at(position) {
             return false;
         }
         let version = self.next_version(now_us);
-        self.change(key, version, |e| {
+        self.change_at(position, key, version, |e| {
             e.unread_count = e.unread_count.saturating_add(1);
             if mentioned {
                 e.mention_count = e.mention_count.saturating_add(1);
@@ -406,13 +407,33 @@ impl UserReadStates {
 
     /// Applies `update` to the entry for `key` (created, or revived from a
     /// tombstone, as a fresh read state) and stamps it with `version`.
+    /// The last acked id of the live read state at `position` (0 if none).
+    fn last_acked_at(&self, position: Result<usize, usize>) -> u64 {
+        match position {
+            Ok(i) if !self.entries[i].deleted => self.entries[i].last_acked_id,
+            _ => 0,
+        }
+    }
+
     fn change(
         &mut self,
         key: Key,
         version: u64,
         update: impl FnOnce(&mut ReadState),
     ) -> &ReadState {
-        let (index, was_dirty) = match self.position(key) {
+        self.change_at(self.position(key), key, version, update)
+    }
+
+    /// [`Self::change`], with `position` (from [`Self::position`] for `key`,
+    /// nothing changed since) already found.
+    fn change_at(
+        &mut self,
+        position: Result<usize, usize>,
+        key: Key,
+        version: u64,
+        update: impl FnOnce(&mut ReadState),
+    ) -> &ReadState {
+        let (index, was_dirty) = match position {
             Ok(i) => {
                 let was_dirty = self.entries[i].version > self.flushed_version;
                 if self.entries[i].deleted {
