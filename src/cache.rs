@@ -76,10 +76,6 @@ impl Cache {
         })
     }
 
-    pub fn config(&self) -> &CacheConfig {
-        &self.config
-    }
-
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

@@ -6,7 +6,7 @@
 //! version and delta floor. redb is synchronous; calls run on the blocking
 //! pool.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -26,7 +26,6 @@ const NAME: &str = "embedded";
 #[derive(Debug, Clone)]
 pub struct EmbeddedStore {
     db: Arc<Database>,
-    path: PathBuf,
 }
 
 impl EmbeddedStore {
@@ -42,14 +41,7 @@ impl EmbeddedStore {
         txn.open_table(READ_STATES).map_err(error)?;
         txn.open_table(USERS).map_err(error)?;
         txn.commit().map_err(error)?;
-        Ok(EmbeddedStore {
-            db: Arc::new(db),
-            path,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(EmbeddedStore { db: Arc::new(db) })
     }
 
     async fn blocking<T: Send + 'static>(
