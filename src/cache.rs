@@ -5,7 +5,9 @@
 //! an `.await`. A miss loads the user from the store outside the lock, and
 //! every request for that user meanwhile waits on the same load. Changes are
 //! applied under the lock and leave the user queued for write-behind (see
-//! [`crate::write_behind`]), which drains the shards' queues.
+//! [`crate::write_behind`]), which drains the shards' queues; with a write
+//! delay of zero (write-through), each request writes its own changes before
+//! it answers, and write-behind only retries those that failed.
 
 pub(crate) mod shard;
 
@@ -21,11 +23,15 @@ use crate::clock;
 use crate::error::Error;
 use crate::metrics;
 use crate::read_state::UserReadStates;
-use crate::store::Store;
+use crate::store::{Store, UserWrite};
 pub(crate) use shard::{Due, Shard, ShardGauges, ShardStats};
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
+
+/// Write-through mode: how long after a change write-behind writes it if the
+/// request's own write failed or never finished.
+const WRITE_THROUGH_FALLBACK: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
@@ -33,6 +39,8 @@ pub struct CacheConfig {
     pub capacity: usize,
     pub shards: usize,
     /// How long after a user's first unwritten change its write starts.
+    /// Zero means write-through: each change is written before its request
+    /// answers.
     pub write_delay: Duration,
     /// Read states evicted before the store took them (held beyond
     /// `capacity`) beyond which changes are refused.
@@ -99,12 +107,13 @@ impl Cache {
         mut f: impl FnMut(&mut UserReadStates, u64) -> R,
     ) -> Result<R, Error> {
         self.check_unwritten()?;
-        self.with_user(user_id, |shard| {
-            shard.apply(user_id, self.config.write_delay, |user| {
-                f(user, clock::now_micros())
+        let (result, write) = self
+            .with_user(user_id, |shard| {
+                self.apply_change(shard, user_id, |user| f(user, clock::now_micros()))
             })
-        })
-        .await
+            .await?;
+        self.write_through(write.into_iter().collect()).await?;
+        Ok(result)
     }
 
     /// Runs `f` for each of `user_ids` (with its index; results in order),
@@ -121,17 +130,83 @@ impl Cache {
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
         let mut results = Vec::with_capacity(user_ids.len());
+        let mut writes = Vec::new();
         for (index, &user_id) in user_ids.iter().enumerate() {
-            let result = self
+            let (result, write) = self
                 .with_user(user_id, |shard| {
-                    shard.apply(user_id, self.config.write_delay, |user| {
-                        f(index, user, now_us)
-                    })
+                    self.apply_change(shard, user_id, |user| f(index, user, now_us))
                 })
                 .await?;
             results.push(result);
+            writes.extend(write);
         }
+        self.write_through(writes).await?;
         Ok(results)
+    }
+
+    /// Applies a change to a held user; in write-through mode, also takes
+    /// the write that carries it, if it changed anything.
+    fn apply_change<R>(
+        &self,
+        shard: &mut Shard,
+        user_id: u64,
+        f: impl FnOnce(&mut UserReadStates) -> R,
+    ) -> Option<(R, Option<UserWrite>)> {
+        let write_through = self.config.write_delay.is_zero();
+        // In write-through mode the request writes its own change; the queue
+        // entry only makes write-behind retry it if that write fails or the
+        // request is dropped before it finishes.
+        let delay = if write_through {
+            WRITE_THROUGH_FALLBACK
+        } else {
+            self.config.write_delay
+        };
+        shard.apply(user_id, delay, |user| {
+            let version = user.version();
+            let result = f(user);
+            let write =
+                (write_through && user.version() != version).then(|| UserWrite::of(user_id, user));
+            (result, write)
+        })
+    }
+
+    /// Write-through mode: writes each change before the request answers.
+    /// Each snapshot holds everything of its user unwritten up to its
+    /// version, so on success all of that is written, whatever other
+    /// requests' writes do meanwhile (the store keeps the newest row).
+    async fn write_through(&self, writes: Vec<UserWrite>) -> Result<(), Error> {
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let results = futures::future::join_all(writes.iter().map(|write| async {
+            let started = Instant::now();
+            let result = store.write(write).await;
+            metrics::store_operation(store.name(), "write", started.elapsed(), result.is_ok());
+            result
+        }))
+        .await;
+        let mut failure = None;
+        for (write, result) in writes.iter().zip(results) {
+            match result {
+                Ok(()) => {
+                    metrics::store_written(write.read_states.len());
+                    let index = self.shard_of(write.user_id);
+                    self.lock(index).finish_write_through(
+                        write.user_id,
+                        write.version,
+                        clock::now_micros(),
+                    );
+                }
+                Err(e) => {
+                    failure.get_or_insert(Error::WriteFailed {
+                        user_id: write.user_id,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        failure.map_or(Ok(()), Err)
     }
 
     /// Reads each of `user_ids`, results in order. Reads need no

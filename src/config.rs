@@ -137,6 +137,7 @@ pub struct Settings {
     #[arg(long, env = "READSTATES_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// How long after a change its write starts; changes within it coalesce.
+    /// `0s` is write-through: each change is written before it is answered.
     #[arg(long, env = "READSTATES_WRITE_DELAY", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub write_delay: Option<Duration>,

@@ -11,6 +11,13 @@ pub enum Error {
     /// The user could not be loaded from the store.
     #[error("read states of user {user_id} could not be loaded: {reason}")]
     LoadFailed { user_id: u64, reason: String },
+    /// Write-through mode: the change could not be written before the
+    /// answer. It is applied in memory and write-behind retries it, so the
+    /// caller must treat it as a timed-out write: it may still land.
+    #[error(
+        "the change to user {user_id} could not be written, it is retried in the background: {reason}"
+    )]
+    WriteFailed { user_id: u64, reason: String },
     /// The store is not keeping up (or is down): too many evicted read
     /// states wait for it, and memory must not grow further.
     #[error("{evicted} evicted read states are waiting for the store (limit {limit}); retry later")]
@@ -31,7 +38,9 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
-            Error::LoadFailed { .. } | Error::TooManyUnwritten { .. } => Code::Unavailable,
+            Error::LoadFailed { .. }
+            | Error::WriteFailed { .. }
+            | Error::TooManyUnwritten { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
         }
     }

@@ -97,7 +97,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn load(&self, user_id: u64) -> Result<StoredUser, StoreError>;
 
     /// Applies one user's changes atomically. Safe to retry: it sets absolute
-    /// values.
+    /// values. Writes of one user may land out of order (write-through runs
+    /// them concurrently), so a row is only replaced by a newer version of
+    /// it, and a wipe also removes older rows that land after it.
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError>;
 }
 

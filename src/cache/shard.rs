@@ -292,11 +292,27 @@ impl Shard {
     /// (`None`). Clears what it wrote and queues what changed meanwhile.
     pub(crate) fn finish_flush(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
         self.in_flight.remove(&user_id);
+        if let Some(user) = self.user_mut(user_id) {
+            user.in_flight = false;
+        }
+        self.settle(user_id, version, now_us, true);
+    }
+
+    /// A request's own write of `user_id` up to `version` succeeded
+    /// (write-through). What changed meanwhile has its own writes under way,
+    /// so nothing is queued.
+    pub(crate) fn finish_write_through(&mut self, user_id: u64, version: u64, now_us: u64) {
+        self.settle(user_id, Some(version), now_us, false);
+    }
+
+    /// Clears what a write up to `version` wrote (if it succeeded), keeps the
+    /// counters in step, lets an evicted user go once it is clean and, with
+    /// `requeue`, queues what is still dirty.
+    fn settle(&mut self, user_id: u64, version: Option<u64>, now_us: u64, requeue: bool) {
         let evicted = self.evicted.contains_key(&user_id);
         let Some(user) = self.user_mut(user_id) else {
             return;
         };
-        user.in_flight = false;
         let (len, dirty) = (weight(&user.states), user.states.dirty_count());
         if let Some(version) = version {
             user.states.mark_flushed(version);
@@ -310,7 +326,7 @@ impl Shard {
         if !still_dirty {
             user.dirty_since = None;
         }
-        let requeue = still_dirty && !user.queued && version.is_some();
+        let requeue = requeue && still_dirty && !user.queued && version.is_some();
         if requeue {
             user.queued = true;
         }

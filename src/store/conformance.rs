@@ -90,6 +90,44 @@ pub async fn check(store: &dyn Store, first: u64) {
     // The stored version never goes backwards.
     store.write(&write(one, 3, 0, false, vec![])).await.unwrap();
     assert_eq!(store.load(one).await.unwrap().version, 12);
+
+    // Writes may land out of order: an older version of a row never
+    // replaces a newer one, and a wipe holds against rows from before it.
+    let newer = ReadState {
+        last_acked_id: 2000,
+        version: 20,
+        ..other
+    };
+    let older = ReadState {
+        last_acked_id: 1500,
+        version: 15,
+        ..other
+    };
+    store
+        .write(&write(two, 20, 0, false, vec![newer]))
+        .await
+        .unwrap();
+    store
+        .write(&write(two, 15, 0, false, vec![older]))
+        .await
+        .unwrap();
+    let loaded = store.load(two).await.unwrap();
+    assert_eq!(loaded.read_states, vec![newer], "the newer row wins");
+    assert_eq!(loaded.version, 20);
+    store
+        .write(&write(two, 30, 30, true, vec![]))
+        .await
+        .unwrap();
+    let late = state(98, Kind::Channel, 25, false);
+    store
+        .write(&write(two, 25, 0, false, vec![late]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load(two).await.unwrap().read_states,
+        vec![],
+        "a row from before a wipe stays wiped when it lands after it"
+    );
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! The default store: redb, an embedded, crash-safe B-tree database in one
 //! file under `--data-dir`, so that `readstates serve` needs nothing else.
 //!
-//! Two tables: `read_states` keyed by `(user_id, kind, channel_id)`, so a
-//! user's rows are one contiguous range, and `users` holding each user's
-//! version and delta floor. redb is synchronous; calls run on the blocking
+//! Three tables: `read_states` keyed by `(user_id, kind, channel_id)`, so a
+//! user's rows are one contiguous range, `users` holding each user's
+//! version and delta floor, and `wipes` holding its latest wipe. redb is synchronous; calls run on the blocking
 //! pool.
 
 use std::path::Path;
@@ -19,6 +19,8 @@ type RowKey = (u64, u8, u64);
 const READ_STATES: TableDefinition<RowKey, &[u8]> = TableDefinition::new("read_states");
 /// user_id -> (version, delta_floor)
 const USERS: TableDefinition<u64, (u64, u64)> = TableDefinition::new("users");
+/// user_id -> the `clear_below` of its latest wipe, for rows landing after it.
+const WIPES: TableDefinition<u64, u64> = TableDefinition::new("wipes");
 
 const FILE_NAME: &str = "readstates.redb";
 const NAME: &str = "embedded";
@@ -40,6 +42,7 @@ impl EmbeddedStore {
         let txn = db.begin_write().map_err(error)?;
         txn.open_table(READ_STATES).map_err(error)?;
         txn.open_table(USERS).map_err(error)?;
+        txn.open_table(WIPES).map_err(error)?;
         txn.commit().map_err(error)?;
         Ok(EmbeddedStore { db: Arc::new(db) })
     }
@@ -90,39 +93,51 @@ impl Store for EmbeddedStore {
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(error)?;
             {
+                let user_id = write.user_id;
                 let mut users = txn.open_table(USERS).map_err(error)?;
+                let mut wipes = txn.open_table(WIPES).map_err(error)?;
+                let mut rows = txn.open_table(READ_STATES).map_err(error)?;
                 let (version, floor) = users
-                    .get(write.user_id)
+                    .get(user_id)
                     .map_err(error)?
                     .map_or((0, 0), |v| v.value());
-                let mut rows = txn.open_table(READ_STATES).map_err(error)?;
-                let clear = write.clear_below.is_some();
-                if clear || write.delta_floor > floor {
-                    // Drop every row on a wipe, and tombstones under the floor.
-                    let stale: Vec<RowKey> = rows
-                        .range(user_range(write.user_id))
+                let cleared = wipes.get(user_id).map_err(error)?.map_or(0, |v| v.value());
+                let new_floor = floor.max(write.delta_floor);
+                let new_cleared = cleared.max(write.clear_below.unwrap_or(0));
+                let stale =
+                    |s: &ReadState| s.version < new_cleared || (s.deleted && s.version < new_floor);
+                if new_cleared > cleared || new_floor > floor {
+                    // Drop what the wipe or the raised floor removes.
+                    let doomed: Vec<RowKey> = rows
+                        .range(user_range(user_id))
                         .map_err(error)?
                         .filter_map(Result::ok)
                         .filter_map(|(k, v)| {
                             let state = decode(k.value(), v.value()).ok()?;
-                            (clear || (state.deleted && state.version < write.delta_floor))
-                                .then(|| k.value())
+                            stale(&state).then(|| k.value())
                         })
                         .collect();
-                    for key in stale {
+                    for key in doomed {
                         rows.remove(key).map_err(error)?;
                     }
                 }
-                for state in &write.read_states {
-                    let key = (write.user_id, state.kind as u8, state.channel_id);
-                    rows.insert(key, encode(state).as_slice()).map_err(error)?;
+                for state in write.read_states.iter().filter(|s| !stale(s)) {
+                    let key = (user_id, state.kind as u8, state.channel_id);
+                    // Writes may land out of order: the newer row wins.
+                    let older = match rows.get(key).map_err(error)? {
+                        Some(old) => decode(key, old.value())?.version < state.version,
+                        None => true,
+                    };
+                    if older {
+                        rows.insert(key, encode(state).as_slice()).map_err(error)?;
+                    }
                 }
                 users
-                    .insert(
-                        write.user_id,
-                        (version.max(write.version), floor.max(write.delta_floor)),
-                    )
+                    .insert(user_id, (version.max(write.version), new_floor))
                     .map_err(error)?;
+                if new_cleared > cleared {
+                    wipes.insert(user_id, new_cleared).map_err(error)?;
+                }
             }
             txn.commit().map_err(error)
         })

@@ -18,6 +18,9 @@ pub struct MemoryStore {
 struct MemoryUser {
     version: u64,
     delta_floor: u64,
+    /// Rows older than this were wiped ("delete all"), also those that land
+    /// after the wipe.
+    cleared_below: u64,
     rows: BTreeMap<Key, ReadState>,
 }
 
@@ -54,16 +57,22 @@ impl Store for MemoryStore {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
         let mut users = self.users();
         let user = users.entry(write.user_id).or_default();
-        if write.clear_below.is_some() {
-            user.rows.clear();
-        }
-        for state in &write.read_states {
-            user.rows.insert(state.key(), *state);
-        }
-        user.rows
-            .retain(|_, s| !(s.deleted && s.version < write.delta_floor));
         user.version = user.version.max(write.version);
         user.delta_floor = user.delta_floor.max(write.delta_floor);
+        user.cleared_below = user.cleared_below.max(write.clear_below.unwrap_or(0));
+        // Writes of one user may land out of order: the newer row wins.
+        for state in &write.read_states {
+            let newer = user
+                .rows
+                .get(&state.key())
+                .is_none_or(|old| old.version < state.version);
+            if newer {
+                user.rows.insert(state.key(), *state);
+            }
+        }
+        let (cleared, floor) = (user.cleared_below, user.delta_floor);
+        user.rows
+            .retain(|_, s| s.version >= cleared && !(s.deleted && s.version < floor));
         Ok(())
     }
 }

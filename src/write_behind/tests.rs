@@ -1,5 +1,6 @@
 //! Write-behind on a paused clock: when writes happen, how they coalesce,
-//! eviction, failures and shutdown.
+//! eviction, failures and shutdown; and write-through (a zero delay), where
+//! write-behind only takes over the writes that failed.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -15,11 +16,19 @@ use crate::store::scripted::ScriptedStore;
 const DELAY: Duration = Duration::from_secs(30);
 
 fn start(store: Arc<ScriptedStore>, capacity: usize) -> (Arc<Cache>, WriteBehind) {
+    start_with_delay(store, capacity, DELAY)
+}
+
+fn start_with_delay(
+    store: Arc<ScriptedStore>,
+    capacity: usize,
+    write_delay: Duration,
+) -> (Arc<Cache>, WriteBehind) {
     let cache = Cache::new(
         CacheConfig {
             capacity,
             shards: 2,
-            write_delay: DELAY,
+            write_delay,
             max_evicted_unwritten: 1_000,
         },
         store,
@@ -203,4 +212,75 @@ async fn shutdown_gives_up_at_its_deadline_and_says_how_much_is_lost() {
     message(&cache, 2, 1, 10).await.unwrap();
     let report = write_behind.shutdown(Duration::from_secs(5)).await;
     assert_eq!(report, ShutdownReport { unwritten: 2 });
+}
+
+#[tokio::test(start_paused = true)]
+async fn write_through_writes_each_change_before_answering() {
+    let store = Arc::new(ScriptedStore::default());
+    let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
+    for message_id in 1..=5 {
+        message(&cache, 1, 1, message_id).await.unwrap();
+        assert_eq!(store.writes().len(), message_id as usize, "no coalescing");
+        assert_eq!(cache.unwritten(), 0, "written when answered");
+    }
+    let users = [2, 3, 4];
+    cache
+        .update_many(&users, |_, user, now| {
+            user.message_created(Key::channel(1), 10, false, now)
+        })
+        .await
+        .unwrap();
+    assert_eq!(store.writes().len(), 8, "one write per changed user");
+    let ack = |message_id| {
+        cache.update(1, move |user, now| {
+            user.ack(Key::channel(1), message_id, now).is_some()
+        })
+    };
+    assert!(ack(5).await.unwrap());
+    assert_eq!(store.writes().len(), 9);
+    assert!(!ack(1).await.unwrap(), "acks never go backwards");
+    assert_eq!(store.writes().len(), 9, "no change, no write");
+
+    // The fallback queue entries find nothing left to write.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(store.writes().len(), 9);
+    assert_eq!(store.load(1).await.unwrap().read_states[0].last_acked_id, 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn write_through_fails_unavailable_and_write_behind_retries_the_change() {
+    let store = Arc::new(ScriptedStore::default());
+    ScriptedStore::set(&store.fail_writes, true);
+    let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
+    let error = message(&cache, 1, 1, 10).await.unwrap_err();
+    assert!(matches!(error, Error::WriteFailed { user_id: 1, .. }));
+    assert_eq!(error.code(), tonic::Code::Unavailable);
+    assert_eq!(cache.unwritten(), 1, "kept for the retry");
+
+    ScriptedStore::set(&store.fail_writes, false);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    settle().await;
+    assert_eq!(cache.unwritten(), 0);
+    assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn write_through_change_of_a_dropped_request_is_still_written() {
+    let store = Arc::new(ScriptedStore::gated());
+    let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
+    let request = tokio::spawn({
+        let cache = cache.clone();
+        async move { message(&cache, 1, 1, 10).await }
+    });
+    settle().await; // its write is waiting at the gate
+    request.abort();
+    assert!(request.await.unwrap_err().is_cancelled());
+    assert_eq!(cache.unwritten(), 1);
+
+    store.gate.as_ref().unwrap().add_permits(10);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(cache.unwritten(), 0);
+    assert_eq!(store.writes().len(), 1, "written by write-behind");
 }

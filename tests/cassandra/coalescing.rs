@@ -1,4 +1,5 @@
-//! Many changes to one user within the window: one write per changed read state.
+//! Many changes to one user within the window: one write per changed read
+//! state; and with no window (write-through), one write per change.
 
 use std::time::Duration;
 
@@ -49,5 +50,30 @@ async fn changes_within_the_window_coalesce() {
         .map(|s| s.unread_count)
         .sum();
     assert_eq!(unread, 60);
+    assert!(server.terminate().success());
+}
+
+#[tokio::test]
+async fn with_no_write_delay_each_change_is_in_cassandra_when_answered() {
+    let store = store().await;
+    let server = Server::start(&nodes(), &["--write-delay", "0s"]);
+    let mut client = server.client().await;
+    let user = fresh_users(1);
+
+    for message_id in [100, 101, 102] {
+        let message = MessageCreatedRequest {
+            channel_id: 10,
+            message_id,
+            mentioned_user_ids: vec![user],
+            ..MessageCreatedRequest::default()
+        };
+        client.message_created(message).await.unwrap();
+        // No waiting: write-through answers after Cassandra took the change.
+        let stored = store.load(user).await.unwrap().read_states;
+        assert_eq!(stored.len(), 1);
+        assert_eq!(stored[0].mention_count as u64, message_id - 99);
+    }
+    let writes = server.metric(WRITES).await;
+    assert_eq!(writes, 3.0, "one write per change");
     assert!(server.terminate().success());
 }
