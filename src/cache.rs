@@ -54,9 +54,7 @@ pub struct Cache {
     wakers: Box<[Notify]>,
     store: Arc<dyn Store>,
     config: CacheConfig,
-    /// Unwritten read states over all shards (each shard adds its part).
-    dirty_total: Arc<AtomicUsize>,
-    /// Read states in the shards' eviction buffers, likewise.
+    /// Read states in the shards' eviction buffers (each shard adds its part).
     evicted_total: Arc<AtomicUsize>,
 }
 
@@ -64,22 +62,14 @@ impl Cache {
     pub fn new(config: CacheConfig, store: Arc<dyn Store>) -> Arc<Cache> {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
-        let dirty_total = Arc::new(AtomicUsize::new(0));
         let evicted_total = Arc::new(AtomicUsize::new(0));
         Arc::new(Cache {
             shards: (0..shards)
-                .map(|_| {
-                    Mutex::new(Shard::new(
-                        per_shard,
-                        dirty_total.clone(),
-                        evicted_total.clone(),
-                    ))
-                })
+                .map(|_| Mutex::new(Shard::new(per_shard, evicted_total.clone())))
                 .collect(),
             wakers: (0..shards).map(|_| Notify::new()).collect(),
             store,
             config,
-            dirty_total,
             evicted_total,
         })
     }
@@ -388,7 +378,9 @@ impl Cache {
 
     /// Unwritten read states over all shards.
     pub fn unwritten(&self) -> usize {
-        self.dirty_total.load(Ordering::Relaxed)
+        (0..self.shards.len())
+            .map(|index| self.lock(index).dirty())
+            .sum()
     }
 
     /// A snapshot of every shard's gauges and counters, summed.

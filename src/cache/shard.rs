@@ -91,10 +91,10 @@ pub(crate) struct Shard {
     ready: VecDeque<u64>,
     /// Users with a write under way.
     in_flight: HashSet<u64>,
-    /// Unwritten read states in this shard, cached or evicted.
+    /// Unwritten read states in this shard, cached or evicted. Per shard
+    /// only: a total kept in step would be an atomic shared by every core,
+    /// written on every change.
     dirty: usize,
-    /// The same, summed over all shards.
-    dirty_total: Arc<AtomicUsize>,
     /// Read states in `evicted` (see [`weight`]), summed over all shards:
     /// the memory held beyond capacity, which the memory bound limits.
     evicted_total: Arc<AtomicUsize>,
@@ -104,11 +104,7 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(
-        capacity: usize,
-        dirty_total: Arc<AtomicUsize>,
-        evicted_total: Arc<AtomicUsize>,
-    ) -> Shard {
+    pub(crate) fn new(capacity: usize, evicted_total: Arc<AtomicUsize>) -> Shard {
         Shard {
             users: LruCache::unbounded(),
             read_states: 0,
@@ -119,7 +115,6 @@ impl Shard {
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
             dirty: 0,
-            dirty_total,
             evicted_total,
             stats: ShardStats::default(),
             wake: false,
@@ -370,6 +365,11 @@ impl Shard {
         }
     }
 
+    /// Unwritten read states in this shard.
+    pub(crate) fn dirty(&self) -> usize {
+        self.dirty
+    }
+
     /// Whether the flusher must be woken for what was queued since last asked.
     pub(crate) fn take_wake(&mut self) -> bool {
         std::mem::take(&mut self.wake)
@@ -377,13 +377,6 @@ impl Shard {
 
     fn adjust_dirty(&mut self, before: usize, after: usize) {
         self.dirty = self.dirty + after - before;
-        if after >= before {
-            self.dirty_total
-                .fetch_add(after - before, Ordering::Relaxed);
-        } else {
-            self.dirty_total
-                .fetch_sub(before - after, Ordering::Relaxed);
-        }
     }
 
     fn user_mut(&mut self, user_id: u64) -> Option<&mut CachedUser> {
