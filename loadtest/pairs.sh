@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Repeated side-by-side closed-loop runs of the transport ceiling (loadtest
+# baseline-server) and readstates --store memory, alternating, for the
+# throughput ratio on a noisy machine. Each line also gives each server's own
+# CPU time per request (from /proc/<pid>/stat), which the load generator
+# sharing the cores does not blur.
+#
+#   loadtest/pairs.sh                   5 pairs of 10 s runs
+#   PAIRS=9 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml loadtest/pairs.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PAIRS="${PAIRS:-5}"
+DURATION="${DURATION:-10s}"
+WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
+RS_GRPC=127.0.0.1:50151
+RS_METRICS=127.0.0.1:9190
+BASELINE=127.0.0.1:50161
+OUT=target/loadtest-pairs
+
+cargo build --release -p readstates -p loadtest
+RS=target/release/readstates
+LT=target/release/loadtest
+mkdir -p "$OUT"
+
+"$LT" baseline-server --listen "$BASELINE" 2>>"$OUT/baseline.log" &
+baseline_pid=$!
+"$RS" serve --store memory --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn \
+    2>>"$OUT/readstates.log" &
+readstates_pid=$!
+trap 'kill $baseline_pid $readstates_pid 2>/dev/null || true' EXIT
+sleep 1
+
+# cpu_ticks PID: user + system time of a process, in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+
+# measure NAME PID URL [ARGS...]: one closed-loop run; prints "ok/s
+# cpu-us-per-request".
+measure() {
+    local name=$1 pid=$2 url=$3 before after
+    shift 3
+    before=$(cpu_ticks "$pid")
+    "$LT" run --workload "$WORKLOAD" --target "$name=$url" --rate 0 --duration "$DURATION" \
+        --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
+    after=$(cpu_ticks "$pid")
+    python3 - "$OUT/$name.json" "$WORKLOAD" "$before" "$after" "$(getconf CLK_TCK)" <<'EOF'
+import json, re, sys, tomllib
+report = json.load(open(sys.argv[1]))
+warmup = tomllib.load(open(sys.argv[2], "rb")).get("load", {}).get("warmup", "0s")
+warmup = float(re.fullmatch(r"([\d.]+)s", warmup).group(1))
+before, after, hz = map(int, sys.argv[3:6])
+# The server also worked through the warm-up, at about the same rate.
+requests = report["requests"] * (report["seconds"] + warmup) / report["seconds"]
+print(f"{report['throughput']:.0f} {(after - before) / hz * 1e6 / requests:.1f}")
+EOF
+}
+
+# Preload once (readstates keeps the data), so that the measured runs'
+# CPU time is all requests.
+measure baseline "$baseline_pid" "grpc://$BASELINE" >/dev/null
+measure readstates "$readstates_pid" "grpc://$RS_GRPC" >/dev/null
+
+echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+for pair in $(seq 1 "$PAIRS"); do
+    read -r b_rate b_cpu < <(measure baseline "$baseline_pid" "grpc://$BASELINE" --skip-preload)
+    read -r r_rate r_cpu < <(measure readstates "$readstates_pid" "grpc://$RS_GRPC" --skip-preload)
+    ratio=$(python3 -c "print(f'{$r_rate / $b_rate * 100:.1f}%')")
+    echo "| $pair | $b_rate | $r_rate | $ratio | $b_cpu | $r_cpu |"
+done
