@@ -2,9 +2,9 @@
 //! file under `--data-dir`, so that `readstates serve` needs nothing else.
 //!
 //! Three tables: `read_states` keyed by `(user_id, kind, channel_id)`, so a
-//! user's rows are one contiguous range, `users` holding each user's
-//! version and delta floor, and `wipes` holding its latest wipe. redb is synchronous; calls run on the blocking
-//! pool.
+//! user's rows are one contiguous range, `users` holding each user's version
+//! and delta floor, and `wipes` holding its latest wipe. redb is synchronous;
+//! calls run on the blocking pool.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -124,11 +124,11 @@ impl Store for EmbeddedStore {
                 for state in write.read_states.iter().filter(|s| !stale(s)) {
                     let key = (user_id, state.kind as u8, state.channel_id);
                     // Writes may land out of order: the newer row wins.
-                    let older = match rows.get(key).map_err(error)? {
+                    let newer = match rows.get(key).map_err(error)? {
                         Some(old) => decode(key, old.value())?.version < state.version,
                         None => true,
                     };
-                    if older {
+                    if newer {
                         rows.insert(key, encode(state).as_slice()).map_err(error)?;
                     }
                 }
