@@ -31,6 +31,7 @@ fn cache(capacity: usize) -> Arc<Cache> {
             shards: 64,
             write_delay: Duration::from_secs(3600),
             max_evicted_unwritten: usize::MAX,
+            write_concurrency: 32,
         },
         Arc::new(MemoryStore::new()),
     )
@@ -172,6 +173,7 @@ fn miss_path(c: &mut Criterion) {
             shards: 64,
             write_delay: Duration::from_secs(3600),
             max_evicted_unwritten: usize::MAX,
+            write_concurrency: 32,
         },
         store,
     );

@@ -90,6 +90,7 @@ async fn ours(users: u64, channels: u64) -> usize {
             shards: 64,
             write_delay: Duration::from_secs(30),
             max_evicted_unwritten: usize::MAX,
+            write_concurrency: 32,
         },
         Arc::new(MadeUpStore { channels }),
     );

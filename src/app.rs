@@ -20,6 +20,7 @@ use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;
 use crate::store::cassandra::{self, CassandraStore};
 use crate::store::embedded::EmbeddedStore;
+use crate::store::instrumented::Instrumented;
 use crate::store::memory::MemoryStore;
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 
@@ -47,8 +48,9 @@ impl Application {
                 shards: config.shards,
                 write_delay: config.write_delay,
                 max_evicted_unwritten: config.max_evicted_unwritten,
+                write_concurrency: config.flush_concurrency,
             },
-            store,
+            Arc::new(Instrumented::new(store)),
         );
         let grpc = TcpListener::bind(config.listen).await?;
         let metrics = TcpListener::bind(config.metrics_listen).await?;
@@ -84,13 +86,7 @@ impl Application {
         } = self;
         let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
-        let write_behind = WriteBehind::start(
-            cache.clone(),
-            WriteBehindConfig {
-                concurrency: config.flush_concurrency,
-                ..WriteBehindConfig::default()
-            },
-        );
+        let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
         let metrics_server = tokio::spawn(metrics::server::serve(
             metrics_listener,

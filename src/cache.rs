@@ -9,6 +9,8 @@
 //! delay of zero (write-through), each request writes its own changes before
 //! it answers, and write-behind only retries those that failed.
 
+mod gate;
+mod pins;
 pub(crate) mod shard;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,15 +18,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::Error;
-use crate::metrics;
 use crate::read_state::UserReadStates;
 use crate::store::{Store, UserWrite};
-pub(crate) use shard::{Due, Shard, ShardGauges, ShardStats};
+use gate::ChangeGate;
+use pins::Pins;
+pub(crate) use shard::{Due, Loading, Shard, ShardGauges, ShardStats};
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -45,6 +48,9 @@ pub struct CacheConfig {
     /// Read states evicted before the store took them (held beyond
     /// `capacity`) beyond which changes are refused.
     pub max_evicted_unwritten: usize,
+    /// Store writes under way at once, write-behind's and write-through's
+    /// together.
+    pub write_concurrency: usize,
 }
 
 #[derive(Debug)]
@@ -56,6 +62,10 @@ pub struct Cache {
     config: CacheConfig,
     /// Read states in the shards' eviction buffers (each shard adds its part).
     evicted_total: Arc<AtomicUsize>,
+    /// Bounds the store writes under way (see `CacheConfig::write_concurrency`).
+    write_permits: Arc<Semaphore>,
+    /// Closed when shutdown begins: changes are refused from then on.
+    gate: ChangeGate,
 }
 
 impl Cache {
@@ -69,8 +79,10 @@ impl Cache {
                 .collect(),
             wakers: (0..shards).map(|_| Notify::new()).collect(),
             store,
+            write_permits: Arc::new(Semaphore::new(config.write_concurrency.max(1))),
             config,
             evicted_total,
+            gate: ChangeGate::default(),
         })
     }
 
@@ -84,10 +96,8 @@ impl Cache {
         user_id: u64,
         mut f: impl FnMut(&UserReadStates) -> R,
     ) -> Result<R, Error> {
-        self.with_user(user_id, |shard| {
-            shard.apply(user_id, self.config.write_delay, |user| f(user))
-        })
-        .await
+        self.with_user(user_id, true, |shard| shard.read(user_id, &mut f))
+            .await
     }
 
     /// Changes a user's read states; `f` gets the clock for the version.
@@ -97,39 +107,56 @@ impl Cache {
         mut f: impl FnMut(&mut UserReadStates, u64) -> R,
     ) -> Result<R, Error> {
         self.check_unwritten()?;
-        let (result, write) = self
-            .with_user(user_id, |shard| {
-                self.apply_change(shard, user_id, |user| f(user, clock::now_micros()))
+        let applied = self
+            .with_user(user_id, true, |shard| {
+                let entry = match self.gate.enter() {
+                    Ok(entry) => entry,
+                    Err(refused) => return Some(Err(refused)),
+                };
+                let applied =
+                    self.apply_change(shard, user_id, |user| f(user, clock::now_micros()));
+                drop(entry);
+                applied.map(Ok)
             })
             .await?;
+        let (result, write) = applied?;
         self.write_through(write.into_iter().collect()).await?;
         Ok(result)
     }
 
     /// Runs `f` for each of `user_ids` (with its index; results in order),
-    /// after loading every uncached one, so that a failed load fails the
-    /// request before anything is changed.
+    /// all or nothing: every user is loaded and pinned first, so a failed
+    /// load or a dropped request changes nothing, and the changes are then
+    /// applied without an `.await`, so once the first user is changed the
+    /// last one is too.
     pub async fn update_many<R>(
         self: &Arc<Self>,
         user_ids: &[u64],
         mut f: impl FnMut(usize, &mut UserReadStates, u64) -> R,
     ) -> Result<Vec<R>, Error> {
         self.check_unwritten()?;
-        self.load_all(user_ids).await?;
+        let pins = self.pin_all(user_ids).await?;
+        let entry = self.gate.enter()?;
         // One clock read for the whole request: each user's version still
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
         let mut results = Vec::with_capacity(user_ids.len());
         let mut writes = Vec::new();
         for (index, &user_id) in user_ids.iter().enumerate() {
-            let (result, write) = self
-                .with_user(user_id, |shard| {
-                    self.apply_change(shard, user_id, |user| f(index, user, now_us))
-                })
-                .await?;
-            results.push(result);
-            writes.extend(write);
+            let applied = self.with_shard(self.shard_of(user_id), |shard| {
+                self.apply_change(shard, user_id, |user| f(index, user, now_us))
+            });
+            match applied {
+                Some((result, write)) => {
+                    results.push(result);
+                    writes.extend(write);
+                }
+                // Cannot happen: a pinned user is never evicted.
+                None => tracing::error!(user_id, "a pinned user was not held; skipped"),
+            }
         }
+        drop(entry);
+        drop(pins);
         self.write_through(writes).await?;
         Ok(results)
     }
@@ -151,7 +178,7 @@ impl Cache {
         } else {
             self.config.write_delay
         };
-        shard.apply(user_id, delay, |user| {
+        shard.change(user_id, delay, |user| {
             let version = user.version();
             let result = f(user);
             let write =
@@ -160,33 +187,34 @@ impl Cache {
         })
     }
 
-    /// Write-through mode: writes each change before the request answers.
-    /// Each snapshot holds everything of its user unwritten up to its
-    /// version, so on success all of that is written, whatever other
-    /// requests' writes do meanwhile (the store keeps the newest row).
+    /// Write-through mode: writes each change before the request answers,
+    /// within the store-write bound shared with write-behind. Each snapshot
+    /// holds everything of its user unwritten up to its version, so on
+    /// success all of that is written, whatever other requests' writes do
+    /// meanwhile (the store keeps the newest row).
     async fn write_through(&self, writes: Vec<UserWrite>) -> Result<(), Error> {
         if writes.is_empty() {
             return Ok(());
         }
-        let store = self.store.clone();
-        let results = futures::future::join_all(writes.iter().map(|write| async {
-            let started = Instant::now();
-            let result = store.write(write).await;
-            metrics::store_operation(store.name(), "write", started.elapsed(), result.is_ok());
-            result
-        }))
-        .await;
+        let mut results = futures::stream::iter(writes)
+            .map(|write| async move {
+                // Never closed.
+                let _permit = self.write_permits.acquire().await;
+                let result = self.store.write(&write).await;
+                (write, result)
+            })
+            .buffer_unordered(self.config.write_concurrency.max(1));
         let mut failure = None;
-        for (write, result) in writes.iter().zip(results) {
+        while let Some((write, result)) = results.next().await {
             match result {
                 Ok(()) => {
-                    metrics::store_written(write.read_states.len());
-                    let index = self.shard_of(write.user_id);
-                    self.lock(index).finish_write_through(
-                        write.user_id,
-                        write.version,
-                        clock::now_micros(),
-                    );
+                    self.with_shard(self.shard_of(write.user_id), |shard| {
+                        shard.finish_write_through(
+                            write.user_id,
+                            write.version,
+                            clock::now_micros(),
+                        );
+                    });
                 }
                 Err(e) => {
                     failure.get_or_insert(Error::WriteFailed {
@@ -210,8 +238,11 @@ impl Cache {
         let mut results: Vec<Option<R>> = user_ids
             .iter()
             .map(|&id| {
-                let mut shard = self.lock(self.shard_of(id));
-                shard.apply(id, self.config.write_delay, |user| f(user))
+                self.with_shard(self.shard_of(id), |shard| {
+                    let result = shard.read(id, &mut f);
+                    shard.count_lookup(result.is_some());
+                    result
+                })
             })
             .collect();
         let missing: Vec<u64> = user_ids
@@ -221,34 +252,90 @@ impl Cache {
             .map(|(&id, _)| id)
             .collect();
         if !missing.is_empty() {
-            self.load_all(&missing).await?;
+            let mut loads = futures::stream::iter(missing)
+                .map(|id| self.with_user(id, false, move |shard| shard.read(id, |_| ())))
+                .buffer_unordered(LOADS_PER_REQUEST);
+            while let Some(result) = loads.next().await {
+                result?;
+            }
             for (slot, &user_id) in results.iter_mut().zip(user_ids) {
                 if slot.is_none() {
-                    *slot = Some(self.read(user_id, &mut f).await?);
+                    *slot = Some(
+                        self.with_user(user_id, false, |shard| shard.read(user_id, &mut f))
+                            .await?,
+                    );
                 }
             }
         }
         Ok(results.into_iter().flatten().collect())
     }
 
-    /// Loads every uncached user among `user_ids`, several at a time.
-    async fn load_all(self: &Arc<Self>, user_ids: &[u64]) -> Result<(), Error> {
-        let missing: Vec<u64> = user_ids
-            .iter()
-            .copied()
-            .filter(|&id| !self.lock(self.shard_of(id)).contains(id))
-            .collect();
+    /// Loads every uncached user among `user_ids` (several at a time) and
+    /// pins them all until the returned [`Pins`] is dropped.
+    async fn pin_all(self: &Arc<Self>, user_ids: &[u64]) -> Result<Pins, Error> {
+        let pins = Pins::new(self.clone(), user_ids.len());
+        let mut missing = Vec::new();
+        for &user_id in user_ids {
+            let held = self.with_shard(self.shard_of(user_id), |shard| {
+                let held = shard.pin(user_id);
+                shard.count_lookup(held);
+                held
+            });
+            if held {
+                pins.add(user_id, None);
+            } else {
+                missing.push(user_id);
+            }
+        }
         // The usual case, without building the machinery for concurrent loads.
         if missing.is_empty() {
-            return Ok(());
+            return Ok(pins);
         }
-        let mut loads = futures::stream::iter(missing)
-            .map(|id| self.with_user(id, move |shard| shard.contains(id).then_some(())))
-            .buffer_unordered(LOADS_PER_REQUEST);
-        while let Some(result) = loads.next().await {
-            result?;
+        {
+            let mut loads = futures::stream::iter(missing)
+                .map(|user_id| self.pin_loaded(user_id, &pins))
+                .buffer_unordered(LOADS_PER_REQUEST);
+            while let Some(result) = loads.next().await {
+                result?;
+            }
         }
-        Ok(())
+        Ok(pins)
+    }
+
+    /// Pins `user_id`, loading it if needed; the pin is recorded in `pins`
+    /// before any `.await`, so a dropped request gives it back.
+    async fn pin_loaded(self: &Arc<Self>, user_id: u64, pins: &Pins) -> Result<(), Error> {
+        let index = self.shard_of(user_id);
+        loop {
+            let found = self.with_shard(index, |shard| {
+                if shard.pin(user_id) {
+                    return None;
+                }
+                Some(match shard.pin_loading(user_id) {
+                    Some(load) => load,
+                    None => self.start_load(shard, index, user_id, 1),
+                })
+            });
+            let Some(mut load) = found else {
+                pins.add(user_id, None);
+                return Ok(());
+            };
+            pins.add(user_id, Some(load.clone()));
+            let outcome = load.wait_for(Option::is_some).await.map(|r| r.clone());
+            match outcome {
+                Ok(Some(Ok(()))) => return Ok(()),
+                Ok(Some(Err(reason))) => {
+                    pins.forget(user_id, &load);
+                    return Err(Error::LoadFailed { user_id, reason });
+                }
+                // The loader is gone without an answer: give the pin back
+                // and try again.
+                _ => {
+                    self.with_shard(index, |shard| shard.unpin(user_id, Some(&load)));
+                    pins.forget(user_id, &load);
+                }
+            }
+        }
     }
 
     fn check_unwritten(&self) -> Result<(), Error> {
@@ -263,28 +350,33 @@ impl Cache {
     }
 
     /// Runs `attempt` under the user's shard lock until it finds the user
-    /// held, loading the user from the store in between.
+    /// held, loading the user from the store in between. With `count`, the
+    /// first attempt counts as the request's cache hit or miss.
     async fn with_user<R>(
         self: &Arc<Self>,
         user_id: u64,
+        count: bool,
         mut attempt: impl FnMut(&mut Shard) -> Option<R>,
     ) -> Result<R, Error> {
         let index = self.shard_of(user_id);
+        let mut first = count;
         loop {
-            let mut load = {
-                let mut shard = self.lock(index);
-                if let Some(result) = attempt(&mut shard) {
-                    let wake = shard.take_wake();
-                    drop(shard);
-                    if wake {
-                        self.wakers[index].notify_one();
-                    }
-                    return Ok(result);
+            let found = self.with_shard(index, |shard| {
+                let result = attempt(shard);
+                if std::mem::take(&mut first) {
+                    shard.count_lookup(result.is_some());
                 }
-                match shard.loading.get(&user_id) {
-                    Some(load) => load.clone(),
-                    None => self.start_load(&mut shard, index, user_id),
+                match result {
+                    Some(result) => Ok(result),
+                    None => Err(match shard.loading.get(&user_id) {
+                        Some(loading) => loading.done.clone(),
+                        None => self.start_load(shard, index, user_id, 0),
+                    }),
                 }
+            });
+            let mut load = match found {
+                Ok(result) => return Ok(result),
+                Err(load) => load,
             };
             // An error from `wait_for` means the loader is gone: try again.
             if let Ok(result) = load.wait_for(Option::is_some).await
@@ -299,48 +391,95 @@ impl Cache {
     }
 
     /// Spawns the load of `user_id` (a task, so that a cancelled request
-    /// cannot strand the requests waiting on it) and registers it.
+    /// cannot strand the requests waiting on it) and registers it with
+    /// `pins` pins already handed to it.
     fn start_load(
         self: &Arc<Self>,
         shard: &mut Shard,
         index: usize,
         user_id: u64,
+        pins: u32,
     ) -> watch::Receiver<shard::LoadResult> {
         let (done, load) = watch::channel(None);
-        shard.loading.insert(user_id, load.clone());
+        shard.loading.insert(
+            user_id,
+            Loading {
+                done: load.clone(),
+                pins,
+            },
+        );
         let cache = self.clone();
         tokio::spawn(async move {
-            let started = Instant::now();
             let result = cache.store.load(user_id).await;
-            metrics::store_operation(
-                cache.store.name(),
-                "load",
-                started.elapsed(),
-                result.is_ok(),
-            );
-            let mut shard = cache.lock(index);
-            shard.loading.remove(&user_id);
-            let shared = match result {
-                Ok(stored) => {
-                    if !shard.contains(user_id) {
-                        shard.insert_loaded(user_id, stored.into_user(clock::now_micros()));
+            cache.with_shard(index, |shard| {
+                let pins = shard.loading.remove(&user_id).map_or(0, |l| l.pins);
+                let shared = match result {
+                    Ok(stored) => {
+                        shard.insert_loaded(user_id, stored.into_user(clock::now_micros()), pins);
+                        Ok(())
                     }
-                    Ok(())
-                }
-                Err(e) => {
-                    tracing::warn!(user_id, error = %e, "load failed");
-                    Err(e.to_string())
-                }
-            };
-            let wake = shard.take_wake();
-            drop(shard);
-            if wake {
-                cache.wakers[index].notify_one();
-            }
-            // Nobody waiting is fine.
-            let _ = done.send(Some(shared));
+                    Err(e) => {
+                        tracing::warn!(user_id, error = %e, "load failed");
+                        Err(e.to_string())
+                    }
+                };
+                // Under the lock: a pin holder that finds the load gone
+                // from `loading` finds its result here (see `Shard::unpin`).
+                // Nobody waiting is fine.
+                let _ = done.send(Some(shared));
+            });
         });
         load
+    }
+
+    /// Locks shard `index`, runs `f`, unlocks, and wakes the shard's flusher
+    /// if `f` queued something for it: the one way into a shard.
+    pub(crate) fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let mut shard = self.lock(index);
+        let result = f(&mut shard);
+        let wake = shard.take_wake();
+        drop(shard);
+        if wake {
+            self.wakers[index].notify_one();
+        }
+        result
+    }
+
+    /// Refuses every later change (`UNAVAILABLE`, nothing applied) and
+    /// returns once no change is being applied: the start of shutdown.
+    pub async fn close(&self) {
+        self.gate.close().await;
+    }
+
+    pub(crate) fn write_permits(&self) -> &Arc<Semaphore> {
+        &self.write_permits
+    }
+
+    /// Write-behind: the next user of shard `index` due for a write.
+    pub(crate) fn next_due(&self, index: usize, now: Instant) -> Due {
+        self.with_shard(index, |shard| shard.next_due(now))
+    }
+
+    /// Write-behind: every user of shard `index` with unwritten changes and
+    /// no write under way.
+    pub(crate) fn unwritten_users(&self, index: usize) -> Vec<u64> {
+        self.with_shard(index, |shard| shard.unwritten_users())
+    }
+
+    /// Write-behind: starts (or, with `retry`, continues) a write of
+    /// `user_id`; see [`Shard::begin_flush`].
+    pub(crate) fn begin_write(&self, user_id: u64, retry: bool) -> Option<UserWrite> {
+        self.with_shard(self.shard_of(user_id), |shard| {
+            shard.begin_flush(user_id, retry, clock::now_micros())
+        })
+    }
+
+    /// Write-behind: a write of `user_id` up to `version` succeeded
+    /// (`Some`) or was given up (`None`).
+    pub(crate) fn finish_write(&self, user_id: u64, version: Option<u64>) {
+        self.with_shard(self.shard_of(user_id), |shard| {
+            shard.finish_flush(user_id, version, clock::now_micros());
+        });
     }
 
     pub(crate) fn shard_count(&self) -> usize {
@@ -354,7 +493,7 @@ impl Cache {
         ((mixed >> 32) as usize) % self.shards.len()
     }
 
-    pub(crate) fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
+    fn lock(&self, index: usize) -> MutexGuard<'_, Shard> {
         // Shard code does not panic while it holds the lock with data half
         // changed; if something did, the counters are the worst of it.
         self.shards[index]
@@ -376,10 +515,18 @@ impl Cache {
         self.evicted_total.load(Ordering::Relaxed)
     }
 
-    /// Unwritten read states over all shards.
+    /// Unwritten read states (a pending "delete all" counts as one) over
+    /// all shards.
     pub fn unwritten(&self) -> usize {
         (0..self.shards.len())
             .map(|index| self.lock(index).dirty())
+            .sum()
+    }
+
+    /// Users with a write-behind write under way, over all shards.
+    pub fn writes_in_flight(&self) -> usize {
+        (0..self.shards.len())
+            .map(|index| self.lock(index).in_flight())
             .sum()
     }
 
@@ -388,7 +535,7 @@ impl Cache {
         let mut gauges = ShardGauges::default();
         let mut stats = ShardStats::default();
         for index in 0..self.shards.len() {
-            let shard = self.lock(index);
+            let mut shard = self.lock(index);
             let g = shard.gauges();
             gauges.users += g.users;
             gauges.read_states += g.read_states;

@@ -22,6 +22,10 @@ pub enum Error {
     /// states wait for it, and memory must not grow further.
     #[error("{evicted} evicted read states are waiting for the store (limit {limit}); retry later")]
     TooManyUnwritten { evicted: usize, limit: usize },
+    /// Shutdown has begun: the change was not applied; retry it (on another
+    /// node, or once this one is back).
+    #[error("the server is shutting down; the change was not applied, retry it")]
+    ShuttingDown,
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -40,7 +44,8 @@ impl Error {
             Error::InvalidArgument { .. } => Code::InvalidArgument,
             Error::LoadFailed { .. }
             | Error::WriteFailed { .. }
-            | Error::TooManyUnwritten { .. } => Code::Unavailable,
+            | Error::TooManyUnwritten { .. }
+            | Error::ShuttingDown => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
         }
     }

@@ -182,9 +182,11 @@ impl UserReadStates {
         self.version > self.flushed_version
     }
 
-    /// Entries (read states and tombstones) not yet written.
+    /// Changes not yet written: entries (read states and tombstones), and a
+    /// pending "delete all" as one more, so that a wipe waiting for the
+    /// store counts as unwritten like any other change.
     pub fn dirty_count(&self) -> usize {
-        self.dirty as usize
+        self.dirty as usize + usize::from(self.pending_clear().is_some())
     }
 
     /// The live read state for `key`.

@@ -8,10 +8,14 @@
 //!
 //! Implementations: [`memory`] (not durable; tests and benchmarks),
 //! [`embedded`] (redb, crash-safe, one file) and [`cassandra`] (Cassandra or
-//! ScyllaDB, for production).
+//! ScyllaDB, for production). Decorators of the same trait: [`instrumented`]
+//! measures every call (the service always runs behind it), [`faulty`]
+//! injects failures, delays and hangs for tests.
 
 pub mod cassandra;
 pub mod embedded;
+pub mod faulty;
+pub mod instrumented;
 pub mod memory;
 
 use async_trait::async_trait;
@@ -104,5 +108,3 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 }
 
 pub mod conformance;
-#[cfg(test)]
-pub(crate) mod scripted;

@@ -2,32 +2,34 @@
 //!
 //! One scheduler task per shard waits for the shard's next due user (its
 //! first unwritten change plus `write_delay`, or at once for a user evicted
-//! with unwritten changes) and spawns a flush for it; a semaphore bounds the
-//! flushes under way, so a burst of evictions cannot flood the store. A flush
-//! takes a snapshot of the user's unwritten read states under the shard lock,
-//! writes it outside the lock, and on success marks exactly that version
-//! written; changes made meanwhile stay dirty and are queued again. A failed
-//! write is retried with backoff, and the data stays dirty until it succeeds.
+//! with unwritten changes) and spawns a flush for it. A flush takes a
+//! snapshot of the user's unwritten read states under the shard lock, writes
+//! it outside the lock, and on success marks exactly that version written;
+//! changes made meanwhile stay dirty and are queued again. A failed write is
+//! retried with backoff, and the data stays dirty until it succeeds.
 //!
-//! [`WriteBehind::shutdown`] stops the schedulers and writes every dirty user,
-//! giving up only at its deadline.
+//! The cache's write permits bound the store writes under way (write-through
+//! writes take them too), so a burst of evictions cannot flood the store. A
+//! flush holds a permit only while its write is under way, never while it
+//! backs off, so users whose writes keep failing never hold up the others.
+//!
+//! [`WriteBehind::shutdown`] closes the cache to changes, then writes until
+//! nothing is unwritten and no write is under way, giving up only at its
+//! deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::cache::{Cache, Due};
-use crate::{clock, metrics};
 
 #[derive(Clone, Debug)]
 pub struct WriteBehindConfig {
-    /// Flushes under way at once, over all shards.
-    pub concurrency: usize,
     /// The first retry of a failed write waits this long, doubling up to
     /// `retry_max`.
     pub retry_min: Duration,
@@ -37,7 +39,6 @@ pub struct WriteBehindConfig {
 impl Default for WriteBehindConfig {
     fn default() -> Self {
         WriteBehindConfig {
-            concurrency: 32,
             retry_min: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
         }
@@ -47,7 +48,8 @@ impl Default for WriteBehindConfig {
 /// What [`WriteBehind::shutdown`] achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShutdownReport {
-    /// Read states still unwritten when the deadline passed (0: all written).
+    /// Changes still unwritten when the deadline passed (0: all written),
+    /// counted as [`Cache::unwritten`] counts them.
     pub unwritten: usize,
 }
 
@@ -63,7 +65,6 @@ pub struct WriteBehind {
 struct Flusher {
     cache: Arc<Cache>,
     config: WriteBehindConfig,
-    permits: Arc<Semaphore>,
     flushes: TaskTracker,
     /// Makes failing flushes stop retrying (the shutdown deadline passed).
     give_up: CancellationToken,
@@ -73,7 +74,6 @@ impl WriteBehind {
     /// Starts one scheduler per cache shard.
     pub fn start(cache: Arc<Cache>, config: WriteBehindConfig) -> WriteBehind {
         let flusher = Arc::new(Flusher {
-            permits: Arc::new(Semaphore::new(config.concurrency.max(1))),
             cache,
             config,
             flushes: TaskTracker::new(),
@@ -90,23 +90,39 @@ impl WriteBehind {
         }
     }
 
-    /// Writes every unwritten change, retrying failures until `timeout`.
-    /// The caller must have stopped taking requests.
+    /// Closes the cache to changes, then writes every unwritten change,
+    /// retrying failures, until nothing is unwritten and no write is under
+    /// way, or `timeout` passes.
     pub async fn shutdown(self, timeout: Duration) -> ShutdownReport {
+        let flusher = self.flusher;
+        let cache = flusher.cache.clone();
+        cache.close().await;
         self.stop.cancel();
         for scheduler in self.schedulers {
             let _ = scheduler.await;
         }
-        let flusher = self.flusher;
         let drain = async {
-            for index in 0..flusher.cache.shard_count() {
-                let users = flusher.cache.lock(index).all_dirty();
-                for user_id in users {
-                    flusher.clone().spawn_flush(index, user_id).await;
+            loop {
+                // A change made while its user's write was under way is
+                // found on the next round, once that write is done.
+                let mut started = 0;
+                for index in 0..cache.shard_count() {
+                    for user_id in cache.unwritten_users(index) {
+                        flusher.clone().spawn_flush(user_id).await;
+                        started += 1;
+                    }
+                }
+                flusher.flushes.close();
+                flusher.flushes.wait().await;
+                flusher.flushes.reopen();
+                if cache.unwritten() == 0 && cache.writes_in_flight() == 0 {
+                    return;
+                }
+                if started == 0 {
+                    // Only write-through writes of requests are under way.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
-            flusher.flushes.close();
-            flusher.flushes.wait().await;
         };
         if tokio::time::timeout(timeout, drain).await.is_err() {
             flusher.give_up.cancel();
@@ -114,7 +130,7 @@ impl WriteBehind {
             flusher.flushes.wait().await;
         }
         ShutdownReport {
-            unwritten: flusher.cache.unwritten(),
+            unwritten: cache.unwritten(),
         }
     }
 }
@@ -123,11 +139,10 @@ impl Flusher {
     /// Feeds one shard's due users to flushes until stopped.
     async fn schedule(self: Arc<Self>, index: usize, stop: CancellationToken) {
         loop {
-            let due = self.cache.lock(index).next_due(Instant::now());
-            match due {
+            match self.cache.next_due(index, Instant::now()) {
                 Due::User(user_id) => {
                     tokio::select! {
-                        () = self.clone().spawn_flush(index, user_id) => {}
+                        () = self.clone().spawn_flush(user_id) => {}
                         () = stop.cancelled() => return,
                     }
                 }
@@ -148,68 +163,79 @@ impl Flusher {
         }
     }
 
-    /// Waits for a free flush slot, then flushes `user_id` in a task.
-    async fn spawn_flush(self: Arc<Self>, index: usize, user_id: u64) {
-        let Ok(permit) = self.permits.clone().acquire_owned().await else {
+    /// Waits for a write permit, then flushes `user_id` in a task.
+    async fn spawn_flush(self: Arc<Self>, user_id: u64) {
+        let Some(permit) = self.permit().await else {
             return;
         };
-        self.flushes
-            .spawn(self.clone().flush(index, user_id, permit));
+        self.flushes.spawn(self.clone().flush(user_id, permit));
+    }
+
+    /// A write permit, or `None` once shutdown gives up.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            permit = self.cache.write_permits().clone().acquire_owned() => permit.ok(),
+            () = self.give_up.cancelled() => None,
+        }
     }
 
     /// Writes one user until it succeeds or shutdown gives up.
-    async fn flush(self: Arc<Self>, index: usize, user_id: u64, _permit: OwnedSemaphorePermit) {
+    async fn flush(self: Arc<Self>, user_id: u64, permit: OwnedSemaphorePermit) {
         let store = self.cache.store().clone();
         let mut backoff = self.config.retry_min;
-        let mut retry = false;
+        let mut permit = Some(permit);
+        let mut attempt = 0_u32;
         loop {
+            let held = match permit.take() {
+                Some(permit) => permit,
+                None => match self.permit().await {
+                    Some(permit) => permit,
+                    None => {
+                        self.cache.finish_write(user_id, None);
+                        return;
+                    }
+                },
+            };
             // A retry takes a fresh snapshot, so it also carries what changed
             // while the store was failing.
-            let Some(write) = self.cache.lock(index).begin_flush(user_id, retry) else {
+            let Some(write) = self.cache.begin_write(user_id, attempt > 0) else {
                 return;
             };
-            let started = Instant::now();
             let result = store.write(&write).await;
-            metrics::store_operation(store.name(), "write", started.elapsed(), result.is_ok());
+            drop(held);
             match result {
                 Ok(()) => {
-                    metrics::store_written(write.read_states.len());
-                    self.finish(index, user_id, Some(write.version));
+                    self.cache.finish_write(user_id, Some(write.version));
                     return;
                 }
                 Err(error) => {
-                    if !retry {
+                    if attempt == 0 {
                         tracing::warn!(user_id, %error, "write failed; retrying with backoff");
                     }
                     tokio::select! {
-                        () = tokio::time::sleep(jitter(backoff)) => {}
+                        () = tokio::time::sleep(jitter(backoff, user_id, attempt)) => {}
                         () = self.give_up.cancelled() => {
-                            self.finish(index, user_id, None);
+                            self.cache.finish_write(user_id, None);
                             return;
                         }
                     }
                     backoff = (backoff * 2).min(self.config.retry_max);
-                    retry = true;
+                    attempt += 1;
                 }
             }
-        }
-    }
-
-    fn finish(&self, index: usize, user_id: u64, written: Option<u64>) {
-        let mut shard = self.cache.lock(index);
-        shard.finish_flush(user_id, written, clock::now_micros());
-        let wake = shard.take_wake();
-        drop(shard);
-        if wake {
-            self.cache.waker(index).notify_one();
         }
     }
 }
 
 /// 75% to 125% of `delay`, so that writes failing together do not all retry
-/// together.
-fn jitter(delay: Duration) -> Duration {
-    let spread = clock::now_micros() % 500; // 0..500 per mille of a half
+/// together; derived from the user and the attempt, so a run on a paused
+/// clock replays exactly.
+fn jitter(delay: Duration, user_id: u64, attempt: u32) -> Duration {
+    let mut mixed = user_id ^ (u64::from(attempt) << 32);
+    mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    mixed ^= mixed >> 31;
+    let spread = mixed % 500; // 0..500 per mille of a half
     delay.mul_f64(0.75 + spread as f64 / 1000.0)
 }
 

@@ -27,6 +27,9 @@ pub(crate) struct CachedUser {
     /// A write of it is under way; no second one may start (an older
     /// snapshot must never land after a newer one).
     in_flight: bool,
+    /// Requests that hold it from their load to their change (see
+    /// `Cache::update_many`): it is not evicted while pinned.
+    pins: u32,
 }
 
 impl CachedUser {
@@ -36,12 +39,23 @@ impl CachedUser {
             dirty_since: None,
             queued: false,
             in_flight: false,
+            pins: 0,
         }
     }
 }
 
 /// The result of a load shared by every request that waited for it.
 pub(crate) type LoadResult = Option<Result<(), String>>;
+
+/// A load under way.
+#[derive(Debug)]
+pub(crate) struct Loading {
+    /// Sent under the shard lock, in the same critical section that caches
+    /// the user, so a pin holder can tell under the lock where its pin went.
+    pub(crate) done: watch::Receiver<LoadResult>,
+    /// Pins of requests waiting for it; the loaded user starts with them.
+    pub(crate) pins: u32,
+}
 
 /// What the flusher should do next for this shard.
 #[derive(Debug, PartialEq, Eq)]
@@ -83,7 +97,7 @@ pub(crate) struct Shard {
     /// that a request for one sees its latest state.
     evicted: HashMap<u64, CachedUser>,
     /// Users being loaded from the store; late requests wait on the same load.
-    pub(crate) loading: HashMap<u64, watch::Receiver<LoadResult>>,
+    pub(crate) loading: HashMap<u64, Loading>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
     delayed: VecDeque<(Instant, u64)>,
@@ -121,13 +135,6 @@ impl Shard {
         }
     }
 
-    /// Whether the user is held (cached or awaiting its eviction write). An
-    /// evicted user found here goes back into the LRU.
-    pub(crate) fn contains(&mut self, user_id: u64) -> bool {
-        self.revive(user_id);
-        self.users.contains(&user_id)
-    }
-
     /// Moves a user from the eviction buffer back into the LRU, if it is
     /// there (the buffer is nearly always empty, so this is cheap).
     fn revive(&mut self, user_id: u64) {
@@ -142,20 +149,37 @@ impl Shard {
         }
     }
 
+    /// Runs `f` on a held user (promoting it in the LRU); `None` if the user
+    /// is not held.
+    pub(crate) fn read<R>(
+        &mut self,
+        user_id: u64,
+        f: impl FnOnce(&UserReadStates) -> R,
+    ) -> Option<R> {
+        self.revive(user_id);
+        self.users.get(&user_id).map(|user| f(&user.states))
+    }
+
+    /// Counts one request's first look at a user.
+    pub(crate) fn count_lookup(&mut self, hit: bool) {
+        if hit {
+            self.stats.hits += 1;
+        } else {
+            self.stats.misses += 1;
+        }
+    }
+
     /// Runs `f` on a held user, keeping the counters and queues in step with
-    /// what it changed. `None` if the user is not held.
-    pub(crate) fn apply<R>(
+    /// what it changed: a changed user is queued for a write `write_delay`
+    /// after its first unwritten change. `None` if the user is not held.
+    pub(crate) fn change<R>(
         &mut self,
         user_id: u64,
         write_delay: Duration,
         f: impl FnOnce(&mut UserReadStates) -> R,
     ) -> Option<R> {
         self.revive(user_id);
-        let Some(user) = self.users.get_mut(&user_id) else {
-            self.stats.misses += 1;
-            return None;
-        };
-        self.stats.hits += 1;
+        let user = self.users.get_mut(&user_id)?;
         let (len, dirty, version) = (
             weight(&user.states),
             user.states.dirty_count(),
@@ -187,9 +211,56 @@ impl Shard {
         Some(result)
     }
 
-    /// Caches a user just loaded from the store.
-    pub(crate) fn insert_loaded(&mut self, user_id: u64, states: UserReadStates) {
-        self.insert(user_id, CachedUser::new(states));
+    /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
+    pub(crate) fn pin(&mut self, user_id: u64) -> bool {
+        self.revive(user_id);
+        match self.users.get_mut(&user_id) {
+            Some(user) => {
+                user.pins += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Pins a user that is being loaded: the load hands the pin to the user
+    /// it caches. `None` if no load is under way.
+    pub(crate) fn pin_loading(&mut self, user_id: u64) -> Option<watch::Receiver<LoadResult>> {
+        let loading = self.loading.get_mut(&user_id)?;
+        loading.pins += 1;
+        Some(loading.done.clone())
+    }
+
+    /// Gives back a pin taken with [`Shard::pin`], or with
+    /// [`Shard::pin_loading`] on the load `load`: still with the load if it
+    /// is under way, with the user if it cached it, gone if it failed.
+    pub(crate) fn unpin(&mut self, user_id: u64, load: Option<&watch::Receiver<LoadResult>>) {
+        if let Some(load) = load {
+            if let Some(loading) = self.loading.get_mut(&user_id)
+                && loading.done.same_channel(load)
+            {
+                loading.pins -= 1;
+                return;
+            }
+            if !matches!(*load.borrow(), Some(Ok(()))) {
+                return;
+            }
+        }
+        let Some(user) = self.users.peek_mut(&user_id) else {
+            return;
+        };
+        user.pins = user.pins.saturating_sub(1);
+        if user.pins == 0 {
+            self.evict_over_capacity(user_id);
+        }
+    }
+
+    /// Caches a user just loaded from the store, with the pins of the
+    /// requests that waited for it.
+    pub(crate) fn insert_loaded(&mut self, user_id: u64, states: UserReadStates, pins: u32) {
+        let mut user = CachedUser::new(states);
+        user.pins = pins;
+        self.insert(user_id, user);
         self.evict_over_capacity(user_id);
     }
 
@@ -201,19 +272,22 @@ impl Shard {
     }
 
     /// Evicts least recently used users until the shard is within capacity,
-    /// never `keep` (the user being served). Dirty users go to the eviction
-    /// buffer and the ready queue.
+    /// never `keep` (the user being served) nor a pinned user: those are
+    /// moved to the front, and if only they are left the shard overflows
+    /// until they are let go. Dirty users go to the eviction buffer and the
+    /// ready queue.
     fn evict_over_capacity(&mut self, keep: u64) {
+        let mut spared = 0;
         while self.read_states > self.capacity {
-            let Some((&oldest, _)) = self.users.peek_lru() else {
+            let Some((&oldest, user)) = self.users.peek_lru() else {
                 break;
             };
-            if oldest == keep {
-                // Only the user being served is left: let it overflow.
-                if self.users.len() == 1 {
+            if oldest == keep || user.pins > 0 {
+                spared += 1;
+                if spared >= self.users.len() {
                     break;
                 }
-                self.users.promote(&keep);
+                self.users.promote(&oldest);
                 continue;
             }
             let Some((user_id, mut user)) = self.users.pop_lru() else {
@@ -259,8 +333,22 @@ impl Shard {
         }
     }
 
+    /// Drops the entries at the front of the delay queue whose user has
+    /// nothing left to write (written on eviction, or by write-through), so
+    /// that the front is the oldest unwritten change.
+    fn drop_stale_delayed(&mut self) {
+        while let Some(&(_, user_id)) = self.delayed.front() {
+            match self.user_mut(user_id) {
+                Some(user) if user.states.is_dirty() || user.in_flight => return,
+                Some(user) => user.queued = false,
+                None => {}
+            }
+            self.delayed.pop_front();
+        }
+    }
+
     /// Every dirty user not already being written, for the final flush.
-    pub(crate) fn all_dirty(&self) -> Vec<u64> {
+    pub(crate) fn unwritten_users(&self) -> Vec<u64> {
         let cached = self.users.iter().map(|(&id, u)| (id, u));
         cached
             .chain(self.evicted.iter().map(|(&id, u)| (id, u)))
@@ -272,9 +360,22 @@ impl Shard {
     /// Starts (or, with `retry`, continues) a write of `user_id`: marks it in
     /// flight and returns what to write, or `None` if there is nothing to
     /// write or another write of it is under way.
-    pub(crate) fn begin_flush(&mut self, user_id: u64, retry: bool) -> Option<UserWrite> {
+    pub(crate) fn begin_flush(
+        &mut self,
+        user_id: u64,
+        retry: bool,
+        now_us: u64,
+    ) -> Option<UserWrite> {
         let user = self.user_mut(user_id)?;
-        if user.in_flight != retry || !user.states.is_dirty() {
+        if user.in_flight != retry {
+            return None;
+        }
+        if !user.states.is_dirty() {
+            // Written meanwhile (write-through) while this write waited to
+            // retry: it ends here, and must let go of the user.
+            if retry {
+                self.finish_flush(user_id, None, now_us);
+            }
             return None;
         }
         user.in_flight = true;
@@ -320,6 +421,9 @@ impl Shard {
         let still_dirty = user.states.is_dirty();
         if !still_dirty {
             user.dirty_since = None;
+        } else if version.is_some() {
+            // What is left was changed while the write was under way.
+            user.dirty_since = Some(Instant::now());
         }
         let requeue = requeue && still_dirty && !user.queued && version.is_some();
         if requeue {
@@ -340,7 +444,8 @@ impl Shard {
         }
     }
 
-    pub(crate) fn gauges(&self) -> ShardGauges {
+    pub(crate) fn gauges(&mut self) -> ShardGauges {
+        self.drop_stale_delayed();
         let since = |id: &u64| {
             self.users
                 .peek(id)
@@ -368,6 +473,11 @@ impl Shard {
     /// Unwritten read states in this shard.
     pub(crate) fn dirty(&self) -> usize {
         self.dirty
+    }
+
+    /// Users with a write under way.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Whether the flusher must be woken for what was queued since last asked.

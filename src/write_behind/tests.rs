@@ -3,7 +3,6 @@
 //! write-behind only takes over the writes that failed.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::*;
@@ -11,16 +10,16 @@ use crate::cache::CacheConfig;
 use crate::error::Error;
 use crate::read_state::Key;
 use crate::store::Store;
-use crate::store::scripted::ScriptedStore;
+use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
 
 const DELAY: Duration = Duration::from_secs(30);
 
-fn start(store: Arc<ScriptedStore>, capacity: usize) -> (Arc<Cache>, WriteBehind) {
+fn start(store: Arc<FaultyStore>, capacity: usize) -> (Arc<Cache>, WriteBehind) {
     start_with_delay(store, capacity, DELAY)
 }
 
 fn start_with_delay(
-    store: Arc<ScriptedStore>,
+    store: Arc<FaultyStore>,
     capacity: usize,
     write_delay: Duration,
 ) -> (Arc<Cache>, WriteBehind) {
@@ -30,6 +29,7 @@ fn start_with_delay(
             shards: 2,
             write_delay,
             max_evicted_unwritten: 1_000,
+            write_concurrency: 32,
         },
         store,
     );
@@ -69,7 +69,7 @@ async fn settle() {
 
 #[tokio::test(start_paused = true)]
 async fn nothing_is_written_before_the_delay() {
-    let store = Arc::new(ScriptedStore::default());
+    let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start(store.clone(), 1_000);
     message(&cache, 1, 1, 10).await.unwrap();
     tokio::time::sleep(DELAY - Duration::from_millis(1)).await;
@@ -84,7 +84,7 @@ async fn nothing_is_written_before_the_delay() {
 
 #[tokio::test(start_paused = true)]
 async fn changes_within_the_window_coalesce_into_one_write() {
-    let store = Arc::new(ScriptedStore::default());
+    let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start(store.clone(), 1_000);
     for message_id in 1..=100 {
         message(&cache, 1, message_id % 3 + 1, message_id)
@@ -108,13 +108,14 @@ async fn changes_within_the_window_coalesce_into_one_write() {
 
 #[tokio::test(start_paused = true)]
 async fn a_change_during_a_write_is_written_after_it() {
-    let store = Arc::new(ScriptedStore::gated());
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
     let (cache, _write_behind) = start(store.clone(), 1_000);
     message(&cache, 1, 1, 10).await.unwrap();
     tokio::time::sleep(DELAY + Duration::from_millis(1)).await;
     settle().await; // the write is now waiting at the gate
     message(&cache, 1, 1, 11).await.unwrap();
-    store.gate.as_ref().unwrap().add_permits(10);
+    store.clear();
     settle().await;
     assert_eq!(store.writes().len(), 1);
     assert_eq!(cache.unwritten(), 1, "the later change is still unwritten");
@@ -127,7 +128,8 @@ async fn a_change_during_a_write_is_written_after_it() {
 
 #[tokio::test(start_paused = true)]
 async fn eviction_writes_at_once_and_the_user_stays_readable_meanwhile() {
-    let store = Arc::new(ScriptedStore::gated());
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
     let (cache, _write_behind) = start(store.clone(), 2); // one read state per shard
     // Find two users in the same shard so that the second evicts the first.
     let first = 1;
@@ -143,7 +145,7 @@ async fn eviction_writes_at_once_and_the_user_stays_readable_meanwhile() {
     // While its write is in flight, a request sees the latest state, and may change it.
     assert_eq!(unread(&cache, first, 1).await, 1);
     message(&cache, first, 1, 11).await.unwrap();
-    store.gate.as_ref().unwrap().add_permits(100);
+    store.clear();
     settle().await;
     let writes = store.writes();
     assert!(
@@ -168,17 +170,17 @@ async fn eviction_writes_at_once_and_the_user_stays_readable_meanwhile() {
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_keeps_changes_until_it_recovers() {
-    let store = Arc::new(ScriptedStore::default());
-    ScriptedStore::set(&store.fail_writes, true);
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
     let (cache, _write_behind) = start(store.clone(), 1_000);
     message(&cache, 1, 1, 10).await.unwrap();
     tokio::time::sleep(DELAY + Duration::from_secs(10)).await;
     settle().await;
-    assert!(store.failed_writes.load(Ordering::SeqCst) >= 2, "retried");
+    assert!(store.failed_writes() >= 2, "retried");
     assert_eq!(cache.unwritten(), 1, "still dirty");
     message(&cache, 1, 1, 11).await.unwrap(); // accepted while the store is down
 
-    ScriptedStore::set(&store.fail_writes, false);
+    store.clear();
     tokio::time::sleep(Duration::from_secs(10)).await;
     settle().await;
     assert_eq!(cache.unwritten(), 0);
@@ -187,7 +189,7 @@ async fn a_failing_store_keeps_changes_until_it_recovers() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_writes_everything() {
-    let store = Arc::new(ScriptedStore::default());
+    let store = Arc::new(FaultyStore::memory());
     let (cache, write_behind) = start(store.clone(), 4);
     for user_id in 1..=20 {
         message(&cache, user_id, 1, 10).await.unwrap();
@@ -205,8 +207,8 @@ async fn shutdown_writes_everything() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_gives_up_at_its_deadline_and_says_how_much_is_lost() {
-    let store = Arc::new(ScriptedStore::default());
-    ScriptedStore::set(&store.fail_writes, true);
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
     let (cache, write_behind) = start(store.clone(), 1_000);
     message(&cache, 1, 1, 10).await.unwrap();
     message(&cache, 2, 1, 10).await.unwrap();
@@ -216,7 +218,7 @@ async fn shutdown_gives_up_at_its_deadline_and_says_how_much_is_lost() {
 
 #[tokio::test(start_paused = true)]
 async fn write_through_writes_each_change_before_answering() {
-    let store = Arc::new(ScriptedStore::default());
+    let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
     for message_id in 1..=5 {
         message(&cache, 1, 1, message_id).await.unwrap();
@@ -250,15 +252,15 @@ async fn write_through_writes_each_change_before_answering() {
 
 #[tokio::test(start_paused = true)]
 async fn write_through_fails_unavailable_and_write_behind_retries_the_change() {
-    let store = Arc::new(ScriptedStore::default());
-    ScriptedStore::set(&store.fail_writes, true);
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
     let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
     let error = message(&cache, 1, 1, 10).await.unwrap_err();
     assert!(matches!(error, Error::WriteFailed { user_id: 1, .. }));
     assert_eq!(error.code(), tonic::Code::Unavailable);
     assert_eq!(cache.unwritten(), 1, "kept for the retry");
 
-    ScriptedStore::set(&store.fail_writes, false);
+    store.clear();
     tokio::time::sleep(Duration::from_secs(10)).await;
     settle().await;
     assert_eq!(cache.unwritten(), 0);
@@ -267,7 +269,8 @@ async fn write_through_fails_unavailable_and_write_behind_retries_the_change() {
 
 #[tokio::test(start_paused = true)]
 async fn write_through_change_of_a_dropped_request_is_still_written() {
-    let store = Arc::new(ScriptedStore::gated());
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
     let (cache, _write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
     let request = tokio::spawn({
         let cache = cache.clone();
@@ -278,9 +281,208 @@ async fn write_through_change_of_a_dropped_request_is_still_written() {
     assert!(request.await.unwrap_err().is_cancelled());
     assert_eq!(cache.unwritten(), 1);
 
-    store.gate.as_ref().unwrap().add_permits(10);
+    store.clear();
     tokio::time::sleep(Duration::from_secs(2)).await;
     settle().await;
     assert_eq!(cache.unwritten(), 0);
     assert_eq!(store.writes().len(), 1, "written by write-behind");
+}
+
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// A cache on one shard with its own write concurrency, and write-behind.
+fn start_one_shard(
+    store: Arc<FaultyStore>,
+    capacity: usize,
+    write_delay: Duration,
+    write_concurrency: usize,
+) -> (Arc<Cache>, WriteBehind) {
+    let cache = Cache::new(
+        CacheConfig {
+            capacity,
+            shards: 1,
+            write_delay,
+            max_evicted_unwritten: 1_000,
+            write_concurrency,
+        },
+        store,
+    );
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    (cache, write_behind)
+}
+
+/// Case 1 of "Lossless at every transition": the drain skipped users with a
+/// write under way, and what changed during that write was never written.
+#[tokio::test(start_paused = true)]
+async fn shutdown_writes_a_change_made_while_its_user_was_being_written() {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
+    let (cache, write_behind) = start(store.clone(), 1_000);
+    message(&cache, 1, 1, 10).await.unwrap();
+    tokio::time::sleep(DELAY + ms(1)).await;
+    settle().await; // the first change's write hangs
+    message(&cache, 1, 1, 11).await.unwrap();
+    let shutdown = tokio::spawn(write_behind.shutdown(Duration::from_secs(20)));
+    settle().await;
+    store.clear();
+    let report = shutdown.await.unwrap();
+    assert_eq!(report, ShutdownReport { unwritten: 0 });
+    assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 2);
+}
+
+/// Case 2: a "delete all" waiting for a failing store was reported written.
+#[tokio::test(start_paused = true)]
+async fn shutdown_counts_a_pending_delete_all_as_unwritten() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, write_behind) = start(store.clone(), 1_000);
+    message(&cache, 1, 1, 10).await.unwrap();
+    message(&cache, 1, 2, 10).await.unwrap();
+    tokio::time::sleep(DELAY * 2).await;
+    settle().await;
+    assert_eq!(store.load(1).await.unwrap().read_states.len(), 2);
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
+    let deleted = cache.update(1, |user, now| user.delete_all(now)).await;
+    assert_eq!(deleted, Ok(2));
+    assert_eq!(cache.unwritten(), 1, "the wipe is unwritten");
+    let report = write_behind.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report, ShutdownReport { unwritten: 1 });
+}
+
+/// Case 5: a fallback write that found its user already written by
+/// write-through kept the user marked in flight, so nothing wrote it again.
+#[tokio::test(start_paused = true)]
+async fn write_through_fallback_that_finds_its_user_written_lets_go_of_it() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, write_behind) = start_with_delay(store.clone(), 1_000, Duration::ZERO);
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(1).times(2));
+    assert!(
+        message(&cache, 1, 1, 10).await.is_err(),
+        "its own write fails"
+    );
+    tokio::time::sleep(Duration::from_secs(1) + ms(10)).await;
+    settle().await;
+    assert_eq!(
+        store.failed_writes(),
+        2,
+        "the fallback failed too, backing off"
+    );
+    message(&cache, 1, 1, 11).await.unwrap(); // written by the request itself
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await; // the fallback's retry finds nothing left to write
+
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(1).times(1));
+    assert!(message(&cache, 1, 1, 12).await.is_err());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(cache.unwritten(), 0, "the fallback wrote the last change");
+    assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 3);
+    let report = write_behind.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report, ShutdownReport { unwritten: 0 });
+}
+
+/// Case 7: a failing write held its write permit through every backoff, so
+/// a few failing users stopped every healthy user's writes.
+#[tokio::test(start_paused = true)]
+async fn users_whose_writes_keep_failing_do_not_hold_up_the_others() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, _write_behind) = start_one_shard(store.clone(), 1_000, DELAY, 2);
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(1));
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(2));
+    message(&cache, 1, 1, 10).await.unwrap();
+    message(&cache, 2, 1, 10).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    message(&cache, 3, 1, 10).await.unwrap();
+    tokio::time::sleep(DELAY + Duration::from_secs(5)).await;
+    settle().await;
+    assert_eq!(store.load(3).await.unwrap().read_states.len(), 1);
+    assert_eq!(cache.unwritten(), 2, "only the failing users wait");
+}
+
+/// Case 6: once shutdown begins, a change is refused before it is applied,
+/// so none can land after the final drain looked at its shard.
+#[tokio::test(start_paused = true)]
+async fn changes_after_shutdown_began_are_refused_unapplied() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, write_behind) = start(store.clone(), 1_000);
+    message(&cache, 1, 1, 10).await.unwrap();
+    let report = write_behind.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report, ShutdownReport { unwritten: 0 });
+    let refused = message(&cache, 1, 1, 11).await.unwrap_err();
+    assert_eq!(refused, Error::ShuttingDown);
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    let many = cache
+        .update_many(&[1, 2], |_, user, now| {
+            user.message_created(Key::channel(1), 12, false, now)
+        })
+        .await;
+    assert_eq!(many, Err(Error::ShuttingDown));
+    assert_eq!(unread(&cache, 1, 1).await, 1, "reads still answer");
+    assert_eq!(cache.unwritten(), 0, "nothing applied");
+}
+
+/// Case 9: an evicted user found by a read went back into the LRU and
+/// evicted another unwritten user, whose write then waited for its delay
+/// because nobody woke the flusher.
+#[tokio::test(start_paused = true)]
+async fn a_read_that_evicts_an_unwritten_user_wakes_the_flusher() {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
+    let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
+    message(&cache, 1, 1, 10).await.unwrap();
+    message(&cache, 1, 2, 10).await.unwrap();
+    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1: its write hangs
+    settle().await;
+    let read = cache.read_many(&[1], |u| u.len()).await.unwrap();
+    assert_eq!(read, [2]);
+    store.clear();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await;
+    let written: Vec<u64> = store.writes().iter().map(|w| w.user_id).collect();
+    assert!(
+        written.contains(&2),
+        "user 2 written on eviction: {written:?}"
+    );
+}
+
+/// Case 9: write-through sent every user's write of a request at once.
+#[tokio::test(start_paused = true)]
+async fn write_through_writes_at_most_the_write_concurrency_at_once() {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Delay(ms(10))));
+    let (cache, _write_behind) = start_one_shard(store.clone(), 1_000, Duration::ZERO, 4);
+    // Two requests at once: the bound is the node's, not each request's.
+    let request = |first: u64| {
+        let users: Vec<u64> = (first..first + 100).collect();
+        let cache = cache.clone();
+        async move {
+            cache
+                .update_many(&users, |_, user, now| {
+                    user.message_created(Key::channel(1), 10, false, now)
+                })
+                .await
+        }
+    };
+    let (a, b) = tokio::join!(request(1), request(1_001));
+    assert!(a.is_ok() && b.is_ok());
+    assert_eq!(store.writes().len(), 200);
+    assert_eq!(store.most_writes_under_way(), 4);
+}
+
+/// Case 9: the oldest-unwritten-change gauge looked only at the front of
+/// the delay queue, which may hold a user written since (on eviction).
+#[tokio::test(start_paused = true)]
+async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
+    message(&cache, 1, 1, 10).await.unwrap();
+    message(&cache, 1, 2, 10).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1, written at once
+    settle().await;
+    assert_eq!(store.writes().len(), 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let oldest = cache.stats().0.oldest_dirty.expect("user 2 is unwritten");
+    assert_eq!(Instant::now() - oldest, Duration::from_secs(3));
 }
