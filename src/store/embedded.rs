@@ -6,11 +6,13 @@
 //! and delta floor, and `wipes` holding its latest wipe. redb is synchronous;
 //! calls run on the blocking pool.
 
+use std::fs::OpenOptions;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::backends::FileBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend, TableDefinition};
 
 use super::{Store, StoreError, StoredUser, UserWrite};
 use crate::read_state::{Kind, ReadState};
@@ -25,36 +27,133 @@ const WIPES: TableDefinition<u64, u64> = TableDefinition::new("wipes");
 const FILE_NAME: &str = "readstates.redb";
 const NAME: &str = "embedded";
 
-#[derive(Debug, Clone)]
+/// Opens the database file (a seam for tests, which wrap the file backend).
+type Opener = dyn Fn() -> Result<Database, StoreError> + Send + Sync;
+
+/// After an I/O error redb refuses every later write (`PreviousIo`) until
+/// the database is opened again, so the store drops a database that failed
+/// that way and opens it again on the next call: redb's recovery on open
+/// brings it back to its last commit, and write-behind retries what failed.
+#[derive(Clone)]
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    open: Arc<Opener>,
+    /// `None` after an I/O error, until a call opens it again.
+    db: Arc<Mutex<Option<Arc<Database>>>>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmbeddedStore").finish_non_exhaustive()
+    }
+}
+
+/// What a call ran into: redb's errors are kept apart to tell I/O errors.
+enum Failure {
+    Redb(redb::Error),
+    Corrupt(String),
+}
+
+impl<E: Into<redb::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::Redb(e.into())
+    }
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) the database in `data_dir`.
     pub fn open(data_dir: &Path) -> Result<EmbeddedStore, StoreError> {
+        EmbeddedStore::open_with(data_dir, |file| file)
+    }
+
+    /// [`EmbeddedStore::open`], with the file backend wrapped by `wrap`
+    /// (tests inject I/O errors this way).
+    pub fn open_with<B: StorageBackend>(
+        data_dir: &Path,
+        wrap: impl Fn(FileBackend) -> B + Send + Sync + 'static,
+    ) -> Result<EmbeddedStore, StoreError> {
         std::fs::create_dir_all(data_dir)
             .map_err(|e| StoreError::new(NAME, format!("create {}: {e}", data_dir.display())))?;
         let path = data_dir.join(FILE_NAME);
-        let db = Database::create(&path)
-            .map_err(|e| StoreError::new(NAME, format!("open {}: {e}", path.display())))?;
-        // Create the tables up front so that reads never find them missing.
-        let txn = db.begin_write().map_err(error)?;
-        txn.open_table(READ_STATES).map_err(error)?;
-        txn.open_table(USERS).map_err(error)?;
-        txn.open_table(WIPES).map_err(error)?;
-        txn.commit().map_err(error)?;
-        Ok(EmbeddedStore { db: Arc::new(db) })
+        let open = move || {
+            let failed = |e: &dyn std::fmt::Display| {
+                StoreError::new(NAME, format!("open {}: {e}", path.display()))
+            };
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| failed(&e))?;
+            let backend = FileBackend::new(file).map_err(|e| failed(&e))?;
+            let db = redb::Builder::new()
+                .create_with_backend(wrap(backend))
+                .map_err(|e| failed(&e))?;
+            // Create the tables up front so that reads never find them missing.
+            let created = (|| -> Result<(), Failure> {
+                let txn = db.begin_write()?;
+                txn.open_table(READ_STATES)?;
+                txn.open_table(USERS)?;
+                txn.open_table(WIPES)?;
+                txn.commit()?;
+                Ok(())
+            })();
+            created.map_err(|e| failed(&describe(e)))?;
+            Ok(db)
+        };
+        let db = open()?;
+        Ok(EmbeddedStore {
+            open: Arc::new(open),
+            db: Arc::new(Mutex::new(Some(Arc::new(db)))),
+        })
     }
 
+    /// Runs `f` on the blocking pool against the open database, opening it
+    /// again first if an I/O error closed it; an I/O error closes it.
     async fn blocking<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+        f: impl FnOnce(&Database) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| StoreError::new(NAME, format!("task: {e}")))?
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let db = store.database()?;
+            match f(&db) {
+                Ok(value) => Ok(value),
+                Err(Failure::Redb(e)) => {
+                    if matches!(e, redb::Error::Io(_) | redb::Error::PreviousIo) {
+                        store.close(&db);
+                    }
+                    Err(StoreError::new(NAME, e))
+                }
+                Err(Failure::Corrupt(message)) => Err(StoreError::new(NAME, message)),
+            }
+        })
+        .await
+        .map_err(|e| StoreError::new(NAME, format!("task: {e}")))?
+    }
+
+    /// The open database, opened again if an I/O error closed it. Opening
+    /// fails while a call still holds the old one (the file is locked); the
+    /// caller's retry comes back later.
+    fn database(&self) -> Result<Arc<Database>, StoreError> {
+        let mut db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(db) = &*db {
+            return Ok(db.clone());
+        }
+        let reopened = Arc::new((self.open)()?);
+        tracing::info!("embedded store opened again after an I/O error");
+        *db = Some(reopened.clone());
+        Ok(reopened)
+    }
+
+    /// Drops `failed` (if it is still the open database) so that the next
+    /// call opens the file again.
+    fn close(&self, failed: &Arc<Database>) {
+        let mut db = self.db.lock().unwrap_or_else(|p| p.into_inner());
+        if db.as_ref().is_some_and(|open| Arc::ptr_eq(open, failed)) {
+            tracing::warn!("embedded store: I/O error; it is opened again on the next call");
+            *db = None;
+        }
     }
 }
 
@@ -66,17 +165,15 @@ impl Store for EmbeddedStore {
 
     async fn load(&self, user_id: u64) -> Result<StoredUser, StoreError> {
         self.blocking(move |db| {
-            let txn = db.begin_read().map_err(error)?;
+            let txn = db.begin_read()?;
             let (version, delta_floor) = txn
-                .open_table(USERS)
-                .map_err(error)?
-                .get(user_id)
-                .map_err(error)?
+                .open_table(USERS)?
+                .get(user_id)?
                 .map_or((0, 0), |v| v.value());
-            let rows = txn.open_table(READ_STATES).map_err(error)?;
+            let rows = txn.open_table(READ_STATES)?;
             let mut read_states = Vec::new();
-            for row in rows.range(user_range(user_id)).map_err(error)? {
-                let (key, value) = row.map_err(error)?;
+            for row in rows.range(user_range(user_id))? {
+                let (key, value) = row?;
                 read_states.push(decode(key.value(), value.value())?);
             }
             Ok(StoredUser {
@@ -91,17 +188,14 @@ impl Store for EmbeddedStore {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
         let write = write.clone();
         self.blocking(move |db| {
-            let txn = db.begin_write().map_err(error)?;
+            let txn = db.begin_write()?;
             {
                 let user_id = write.user_id;
-                let mut users = txn.open_table(USERS).map_err(error)?;
-                let mut wipes = txn.open_table(WIPES).map_err(error)?;
-                let mut rows = txn.open_table(READ_STATES).map_err(error)?;
-                let (version, floor) = users
-                    .get(user_id)
-                    .map_err(error)?
-                    .map_or((0, 0), |v| v.value());
-                let cleared = wipes.get(user_id).map_err(error)?.map_or(0, |v| v.value());
+                let mut users = txn.open_table(USERS)?;
+                let mut wipes = txn.open_table(WIPES)?;
+                let mut rows = txn.open_table(READ_STATES)?;
+                let (version, floor) = users.get(user_id)?.map_or((0, 0), |v| v.value());
+                let cleared = wipes.get(user_id)?.map_or(0, |v| v.value());
                 let new_floor = floor.max(write.delta_floor);
                 let new_cleared = cleared.max(write.clear_below.unwrap_or(0));
                 let stale =
@@ -109,8 +203,7 @@ impl Store for EmbeddedStore {
                 if new_cleared > cleared || new_floor > floor {
                     // Drop what the wipe or the raised floor removes.
                     let doomed: Vec<RowKey> = rows
-                        .range(user_range(user_id))
-                        .map_err(error)?
+                        .range(user_range(user_id))?
                         .filter_map(Result::ok)
                         .filter_map(|(k, v)| {
                             let state = decode(k.value(), v.value()).ok()?;
@@ -118,28 +211,26 @@ impl Store for EmbeddedStore {
                         })
                         .collect();
                     for key in doomed {
-                        rows.remove(key).map_err(error)?;
+                        rows.remove(key)?;
                     }
                 }
                 for state in write.read_states.iter().filter(|s| !stale(s)) {
                     let key = (user_id, state.kind as u8, state.channel_id);
                     // Writes may land out of order: the newer row wins.
-                    let newer = match rows.get(key).map_err(error)? {
+                    let newer = match rows.get(key)? {
                         Some(old) => decode(key, old.value())?.version < state.version,
                         None => true,
                     };
                     if newer {
-                        rows.insert(key, encode(state).as_slice()).map_err(error)?;
+                        rows.insert(key, encode(state).as_slice())?;
                     }
                 }
-                users
-                    .insert(user_id, (version.max(write.version), new_floor))
-                    .map_err(error)?;
+                users.insert(user_id, (version.max(write.version), new_floor))?;
                 if new_cleared > cleared {
-                    wipes.insert(user_id, new_cleared).map_err(error)?;
+                    wipes.insert(user_id, new_cleared)?;
                 }
             }
-            txn.commit().map_err(error)
+            Ok(txn.commit()?)
         })
         .await
     }
@@ -161,8 +252,8 @@ fn encode(state: &ReadState) -> [u8; VALUE_LEN] {
     out
 }
 
-fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, StoreError> {
-    let corrupt = || StoreError::new(NAME, format!("corrupt row for channel {channel_id}"));
+fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Failure> {
+    let corrupt = || Failure::Corrupt(format!("corrupt row for channel {channel_id}"));
     let value: &[u8; VALUE_LEN] = value.try_into().map_err(|_| corrupt())?;
     let u64_at = |i: usize| u64::from_le_bytes(value[i..i + 8].try_into().unwrap_or_default());
     let u32_at = |i: usize| u32::from_le_bytes(value[i..i + 4].try_into().unwrap_or_default());
@@ -177,6 +268,12 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Stor
     })
 }
 
-fn error(e: impl Into<redb::Error>) -> StoreError {
-    StoreError::new(NAME, e.into())
+fn describe(failure: Failure) -> String {
+    match failure {
+        Failure::Redb(e) => e.to_string(),
+        Failure::Corrupt(message) => message,
+    }
 }
+
+#[cfg(test)]
+mod tests;
