@@ -42,6 +42,15 @@ impl Application {
     /// Opens the store and binds both listeners (port 0 picks a free one).
     pub async fn build(config: Config) -> Result<Application, BoxError> {
         let store = open_store(&config).await?;
+        Application::build_with_store(config, store).await
+    }
+
+    /// [`Application::build`] on a store of the caller's (tests wrap one in
+    /// [`crate::store::faulty`]); `config.store` is not looked at.
+    pub async fn build_with_store(
+        config: Config,
+        store: Arc<dyn Store>,
+    ) -> Result<Application, BoxError> {
         let cache = Cache::new(
             CacheConfig {
                 capacity: config.cache_capacity,

@@ -229,7 +229,41 @@ impl Config {
             Some(path) => Settings::from_file(path)?,
             None => Settings::default(),
         };
-        Ok(Config::resolve(args.settings.clone().or(file)))
+        let config = Config::resolve(args.settings.clone().or(file));
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Refuses settings that cannot work, saying why.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let refuse = |why: &str| Err(ConfigError(why.to_owned()));
+        if matches!(self.consistency, Consistency::One | Consistency::LocalOne) {
+            return refuse(
+                "consistency ONE and LOCAL_ONE are refused: a user loaded again after a clean \
+                 eviction could be read from a replica that missed its last write, and served \
+                 (and written back) without it; use LOCAL_QUORUM, QUORUM, EACH_QUORUM or ALL",
+            );
+        }
+        let positive = [
+            ("cache_capacity", self.cache_capacity),
+            ("shards", self.shards),
+            ("flush_concurrency", self.flush_concurrency),
+            ("max_evicted_unwritten", self.max_evicted_unwritten),
+            ("max_concurrent_requests", self.max_concurrent_requests),
+        ];
+        for (name, value) in positive {
+            if value == 0 {
+                return refuse(&format!(
+                    "{name} must be at least 1: with 0 no request could ever be served"
+                ));
+            }
+        }
+        if self.shutdown_timeout.is_zero() {
+            return refuse(
+                "shutdown_timeout must be above 0: shutdown would give up on every unwritten change",
+            );
+        }
+        Ok(())
     }
 
     pub fn resolve(s: Settings) -> Config {
@@ -383,6 +417,33 @@ mod tests {
         assert_eq!(config.consistency, Consistency::LocalOne);
         assert!(!format!("{config:?}").contains("hunter2"));
         assert!(!config.to_toml().contains("hunter2"));
+    }
+
+    /// Case 9 of "Lossless at every transition": settings that cannot work
+    /// were accepted.
+    #[test]
+    fn settings_that_cannot_work_are_refused_with_the_reason() {
+        let refused = |flag: &str, value: &str| {
+            let cli = Cli::try_parse_from(["readstates", "serve", flag, value]).unwrap();
+            let Command::Serve(args) = cli.command else {
+                panic!("serve")
+            };
+            Config::load(&args).unwrap_err().to_string()
+        };
+        for level in ["ONE", "LOCAL_ONE"] {
+            assert!(refused("--consistency", level).contains("LOCAL_QUORUM"));
+        }
+        for flag in [
+            "--max-concurrent-requests",
+            "--max-evicted-unwritten",
+            "--flush-concurrency",
+            "--shards",
+            "--cache-capacity",
+        ] {
+            assert!(refused(flag, "0").contains("at least 1"), "{flag}");
+        }
+        assert!(refused("--shutdown-timeout", "0s").contains("give up"));
+        assert!(Config::default().check().is_ok());
     }
 
     #[test]

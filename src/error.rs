@@ -26,6 +26,11 @@ pub enum Error {
     /// node, or once this one is back).
     #[error("the server is shutting down; the change was not applied, retry it")]
     ShuttingDown,
+    /// The client's deadline passed first. A change cut before its apply
+    /// changed nothing; in write-through mode one cut during its write stays
+    /// applied and is written later, as after `WriteFailed`.
+    #[error("the deadline passed before the request was done")]
+    DeadlineExceeded,
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -47,6 +52,7 @@ impl Error {
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
+            Error::DeadlineExceeded => Code::DeadlineExceeded,
         }
     }
 }

@@ -8,6 +8,7 @@
 mod ack;
 mod bulk_ack;
 mod convert;
+mod deadline;
 mod delete_read_states;
 mod get_badge_counts;
 mod get_read_states;
@@ -73,8 +74,17 @@ impl ReadStatesService {
         F: Future<Output = Result<Resp, Error>>,
     {
         let started = Instant::now();
+        let budget = deadline::budget(request.metadata());
         let result = match self.in_progress.try_acquire() {
-            Ok(_permit) => handler(self.cache.clone(), request.into_inner()).await,
+            Ok(_permit) => {
+                let handling = handler(self.cache.clone(), request.into_inner());
+                match budget {
+                    Some(budget) => tokio::time::timeout(budget, handling)
+                        .await
+                        .unwrap_or(Err(Error::DeadlineExceeded)),
+                    None => handling.await,
+                }
+            }
             Err(_) => Err(Error::Overloaded {
                 limit: self.max_in_progress,
             }),

@@ -32,6 +32,12 @@ const NAME: &str = "cassandra";
 /// Statements per batch: well under Cassandra's 5 KiB batch-size warning.
 const MAX_BATCH_STATEMENTS: usize = 50;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Tombstone rows live this much past their retention: the delta floor is
+/// taken 7 days back on the version clock (a hybrid clock that can run ahead
+/// of the wall clock), while the TTL counts 7 days of a server's wall clock
+/// from the write, in whole seconds. Without a margin a delta from just
+/// before a deletion could miss it and still say `partial = true`.
+pub const TOMBSTONE_TTL_MARGIN: Duration = Duration::from_secs(24 * 3600);
 
 /// How to reach the cluster.
 #[derive(Clone, Debug)]
@@ -204,14 +210,31 @@ impl Store for CassandraStore {
     }
 
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
+        self.write_batches(write, usize::MAX).await
+    }
+}
+
+impl CassandraStore {
+    /// Writes the first `limit` batches of `write` (all of them in
+    /// [`Store::write`]; tests stop early to see what a write cut between
+    /// batches leaves behind).
+    #[doc(hidden)]
+    pub async fn write_batches(&self, write: &UserWrite, limit: usize) -> Result<(), StoreError> {
         let user_id = write.user_id as i64;
-        let tombstone_ttl = TOMBSTONE_RETENTION.as_secs() as i32;
+        let tombstone_ttl = (TOMBSTONE_RETENTION + TOMBSTONE_TTL_MARGIN).as_secs() as i32;
         let mut statements: Vec<(&PreparedStatement, Box<dyn SerializeRow + Send + Sync>)> =
-            Vec::with_capacity(write.read_states.len() + 2);
+            Vec::with_capacity(write.read_states.len() + 3);
         if let Some(below) = write.clear_below {
             // Everything written before the wipe, nothing written after it.
             let timestamp = below.saturating_sub(1) as i64;
             statements.push((&self.wipe, Box::new((timestamp, user_id))));
+            // In the wipe's own batch, so that a write cut after it still
+            // keeps the user's version and delta floor (the partition
+            // deletion removes the static columns too): the user as of the
+            // wipe, written at the wipe's version.
+            let below = below as i64;
+            let statics = (below, below, write.delta_floor as i64, user_id);
+            statements.push((&self.statics, Box::new(statics)));
         }
         for state in &write.read_states {
             let ttl = if state.deleted { tombstone_ttl } else { 0 };
@@ -235,7 +258,7 @@ impl Store for CassandraStore {
         let statics = (version, version, write.delta_floor as i64, user_id);
         statements.push((&self.statics, Box::new(statics)));
 
-        for chunk in statements.chunks(MAX_BATCH_STATEMENTS) {
+        for chunk in statements.chunks(MAX_BATCH_STATEMENTS).take(limit) {
             let mut batch = Batch::new(BatchType::Unlogged);
             batch.set_is_idempotent(true);
             let mut values: Vec<&(dyn SerializeRow + Send + Sync)> =
@@ -247,6 +270,12 @@ impl Store for CassandraStore {
             self.session.batch(&batch, values).await.map_err(error)?;
         }
         Ok(())
+    }
+
+    /// The session, for tests that look at what CQL sees.
+    #[doc(hidden)]
+    pub fn session(&self) -> &Session {
+        &self.session
     }
 }
 

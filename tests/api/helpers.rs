@@ -2,13 +2,14 @@
 //! Set `TEST_LOG=1` to see the server's logs.
 
 use std::net::SocketAddr;
-use std::sync::Once;
+use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use readstates::app::{Application, BoxError};
 use readstates::config::{Config, Settings, StoreKind};
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::{GetReadStatesRequest, GetReadStatesResponse};
+use readstates::store::Store;
 use readstates::write_behind::ShutdownReport;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -78,13 +79,27 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(config: Config) -> TestApp {
+    init_log(&config);
+    start(Application::build(config).await.expect("build")).await
+}
+
+/// [`spawn_app_with`], on a store of the test's own.
+pub async fn spawn_app_on(config: Config, store: Arc<dyn Store>) -> TestApp {
+    init_log(&config);
+    let app = Application::build_with_store(config, store).await;
+    start(app.expect("build")).await
+}
+
+fn init_log(config: &Config) {
     static LOG: Once = Once::new();
     LOG.call_once(|| {
         if std::env::var_os("TEST_LOG").is_some() {
-            readstates::telemetry::init(&config);
+            readstates::telemetry::init(config);
         }
     });
-    let app = Application::build(config).await.expect("build");
+}
+
+async fn start(app: Application) -> TestApp {
     let (addr, metrics_addr) = (app.grpc_addr(), app.metrics_addr());
     let (stop, stopped) = oneshot::channel();
     let running = tokio::spawn(app.run_until(async {

@@ -4,6 +4,7 @@ mod ack;
 mod bad_input;
 mod bulk_ack;
 mod delete_read_states;
+mod faults;
 mod get_badge_counts;
 mod get_read_states;
 mod helpers;

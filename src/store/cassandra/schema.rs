@@ -1,13 +1,13 @@
 //! Applies `schema/*.cql` in order: what `readstates migrate` and
-//! `serve --init-schema` run. Every statement is `IF NOT EXISTS`, so running
-//! it again changes nothing.
+//! `serve --init-schema` run. Every statement is `IF NOT EXISTS` or sets a
+//! value, so running it again changes nothing.
 
 use scylla::client::session::Session;
 
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 2] = [
+const MIGRATIONS: [(&str, &str); 3] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -15,6 +15,10 @@ const MIGRATIONS: [(&str, &str); 2] = [
     (
         "002_read_states.cql",
         include_str!("../../../schema/002_read_states.cql"),
+    ),
+    (
+        "003_gc_grace.cql",
+        include_str!("../../../schema/003_gc_grace.cql"),
     ),
 ];
 
@@ -96,9 +100,10 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 2);
+        assert_eq!(all.len(), 3);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
+        assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 
