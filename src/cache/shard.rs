@@ -419,6 +419,9 @@ impl Shard {
         }
         let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
         let still_dirty = user.states.is_dirty();
+        // An evicted user stays while a write-behind write of it is under
+        // way (also one backing off): that write still has to find it.
+        let in_flight = user.in_flight;
         if !still_dirty {
             user.dirty_since = None;
         } else if version.is_some() {
@@ -431,7 +434,10 @@ impl Shard {
         }
         self.adjust_dirty(dirty, new_dirty);
         if evicted {
-            if !still_dirty && let Some(user) = self.evicted.remove(&user_id) {
+            if !still_dirty
+                && !in_flight
+                && let Some(user) = self.evicted.remove(&user_id)
+            {
                 self.evicted_total
                     .fetch_sub(weight(&user.states), Ordering::Relaxed);
             }

@@ -187,10 +187,10 @@ impl FaultyStore {
                 let mut state = self.lock();
                 let Faults { faults, random } = &mut *state;
                 let now = Instant::now();
-                let hit = faults
-                    .iter_mut()
-                    .find(|f| f.matches(operation, user_id, now))
-                    .filter(|f| f.chance >= 1.0 || random.f64() < f.chance);
+                let hit = faults.iter_mut().find(|f| {
+                    f.matches(operation, user_id, now)
+                        && (f.chance >= 1.0 || random.f64() < f.chance)
+                });
                 hit.map(|fault| {
                     if let Some(remaining) = &mut fault.remaining {
                         *remaining -= 1;

@@ -486,3 +486,39 @@ async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
     let oldest = cache.stats().0.oldest_dirty.expect("user 2 is unwritten");
     assert_eq!(Instant::now() - oldest, Duration::from_secs(3));
 }
+
+/// Found by the simulation (`tests/simulation.rs`): a user written by
+/// write-through while in the eviction buffer was dropped from it although a
+/// write-behind write of it was backing off; that write then ended without
+/// letting go of the user, and shutdown waited for it until its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_user_left_in_the_eviction_buffer_while_written_is_let_go() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, write_behind) = start_one_shard(store.clone(), 1, Duration::ZERO, 32);
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(1).times(2));
+    assert!(
+        message(&cache, 1, 1, 10).await.is_err(),
+        "its own write fails"
+    );
+    tokio::time::sleep(Duration::from_secs(1) + ms(10)).await;
+    settle().await; // the fallback write failed too and backs off
+    store.inject(Fault::new(Operation::Write, Effect::Delay(ms(50))).user(1));
+    let request = tokio::spawn({
+        let cache = cache.clone();
+        async move { message(&cache, 1, 1, 11).await }
+    });
+    settle().await; // applied; its write is under way
+    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1
+    request.await.unwrap().unwrap(); // user 1 written while evicted
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    settle().await; // the fallback's retry finds nothing left to write
+    assert_eq!(cache.writes_in_flight(), 0);
+    let report = tokio::time::timeout(
+        Duration::from_secs(10),
+        write_behind.shutdown(Duration::from_secs(600)),
+    )
+    .await
+    .expect("shutdown waits for no stuck write");
+    assert_eq!(report, ShutdownReport { unwritten: 0 });
+    assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 2);
+}
