@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use readstates::metrics::scrape;
@@ -67,6 +67,8 @@ pub struct Server {
     child: Child,
     pub grpc: SocketAddr,
     pub metrics: SocketAddr,
+    /// Every log line it wrote (JSON).
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -97,12 +99,15 @@ impl Server {
             .expect("start readstates");
         let (ready, addresses) = mpsc::channel();
         let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let kept = log.clone();
         std::thread::spawn(move || {
             let echo = std::env::var_os("TEST_LOG").is_some();
             for line in stderr.lines().map_while(Result::ok) {
                 if echo {
                     eprintln!("{line}");
                 }
+                kept.lock().unwrap().push(line.clone());
                 let Ok(event) = serde_json::from_str::<serde_json::Value>(&line) else {
                     continue;
                 };
@@ -117,6 +122,7 @@ impl Server {
                 child,
                 grpc,
                 metrics,
+                log,
             },
             other => {
                 let _ = child.kill();
@@ -134,6 +140,41 @@ impl Server {
     pub async fn metric(&self, series: &str) -> f64 {
         let text = scrape::fetch(self.metrics).await.expect("/metrics");
         scrape::value(&text, series)
+    }
+
+    /// The log lines whose `message` is `message`.
+    pub fn logged(&self, message: &str) -> Vec<serde_json::Value> {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| event["message"] == message)
+            .collect()
+    }
+
+    /// SIGKILL, as a crash: nothing is written on the way out.
+    pub fn crash(&self) {
+        let status = Command::new("kill")
+            .args(["-KILL", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// SIGTERM without waiting: the exit comes from [`Server::wait`].
+    pub fn signal_terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_for_exit(&mut self) -> ExitStatus {
+        let status = self.child.wait().expect("wait");
+        // Let the log reader take the last lines.
+        std::thread::sleep(Duration::from_millis(100));
+        status
     }
 
     /// SIGTERM, as an orchestrator stops it; waits for the exit.

@@ -7,6 +7,7 @@
 //! run side by side in one keyspace.
 
 mod coalescing;
+mod durability;
 mod eviction;
 mod helpers;
 mod restart;
