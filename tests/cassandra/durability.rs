@@ -106,19 +106,17 @@ async fn load(server: &Server, first: u64, stop: Arc<AtomicU64>) -> Ledger {
 /// Compares Cassandra with the ledger. Returns how many acknowledged acks
 /// are missing and the age, at `cut`, of the oldest missing one.
 async fn missing_acks(store: &CassandraStore, ledger: &Ledger, cut: Instant) -> (usize, Duration) {
-    let mut stored: HashMap<u64, HashMap<u64, u64>> = HashMap::new();
-    let (mut missing, mut oldest) = (0, Duration::ZERO);
-    for (&(user_id, channel_id), acks) in &ledger.acks {
-        if !stored.contains_key(&user_id) {
-            let user = store.load(user_id).await.unwrap();
-            let channels = user
-                .read_states
-                .iter()
-                .map(|s| (s.channel_id, s.last_acked_id))
-                .collect();
-            stored.insert(user_id, channels);
+    let mut stored: HashMap<(u64, u64), u64> = HashMap::new();
+    let users: std::collections::BTreeSet<u64> = ledger.acks.keys().map(|&(u, _)| u).collect();
+    for user_id in users {
+        let user = store.load(user_id).await.unwrap();
+        for state in user.read_states {
+            stored.insert((user_id, state.channel_id), state.last_acked_id);
         }
-        let last = stored[&user_id].get(&channel_id).copied().unwrap_or(0);
+    }
+    let (mut missing, mut oldest) = (0, Duration::ZERO);
+    for (key, acks) in &ledger.acks {
+        let last = stored.get(key).copied().unwrap_or(0);
         let lost: Vec<&(u64, Instant)> = acks.iter().filter(|(id, _)| *id > last).collect();
         missing += lost.len();
         if let Some((_, sent)) = lost.iter().min_by_key(|(id, _)| *id) {
