@@ -81,8 +81,10 @@ async fn load(server: &Server, first: u64, stop: Arc<AtomicU64>) -> Ledger {
                         let counted = ledger.counted.entry(user).or_default();
                         match &result {
                             Ok(_) => counted.0 += 1,
-                            // Refused unapplied: counts nothing.
-                            Err(status) if status.code() == Code::Unavailable => {}
+                            // Refused by a node shutting down: not applied.
+                            Err(status)
+                                if status.code() == Code::Unavailable
+                                    && status.message().contains("shutting down") => {}
                             Err(_) => counted.1 += 1,
                         }
                     }
