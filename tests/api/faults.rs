@@ -9,8 +9,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use readstates::proto::read_states_client::ReadStatesClient;
-use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::{AckRequest, GetReadStatesRequest, MessageCreatedRequest};
+use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use readstates::store::memory::MemoryStore;
 use tonic::body::Body;
 use tonic::{Code, Request};
 
@@ -82,4 +84,35 @@ async fn a_message_cut_by_its_deadline_and_retried_counts_once() {
             "user {user_id} counted once"
         );
     }
+}
+
+/// Case 6 of "Lossless at every transition": a request still running after
+/// the shutdown grace (its load hung) kept its connection task, applied its
+/// change after the final drain, and answered OK: acknowledged, never
+/// written. Now it is refused, unapplied.
+#[tokio::test]
+async fn a_request_outliving_the_shutdown_grace_is_refused_unapplied() {
+    let durable = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultyStore::new(durable.clone(), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Hang).user(7));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut client = app.client.clone();
+    let request = tokio::spawn(async move {
+        let ack = AckRequest {
+            user_id: 7,
+            channel_id: 10,
+            message_id: 100,
+            ..AckRequest::default()
+        };
+        client.ack(ack).await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // its load hangs
+    let report = app.stop().await; // waits out the request grace, then drains
+    assert_eq!(report.unwritten, 0);
+    store.clear(); // the load returns after the drain
+    let answer = request.await.unwrap();
+    let stored = durable.load(7).await.unwrap();
+    let status = answer.expect_err("a change after the final drain must be refused");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(stored.read_states.is_empty(), "refused, yet applied");
 }
