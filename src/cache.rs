@@ -143,8 +143,12 @@ impl Cache {
         let mut results = Vec::with_capacity(user_ids.len());
         let mut writes = Vec::new();
         for (index, &user_id) in user_ids.iter().enumerate() {
+            // Each user is let go under the lock that changes it: one lock
+            // per user here, as before pins.
             let applied = self.with_shard(self.shard_of(user_id), |shard| {
-                self.apply_change(shard, user_id, |user| f(index, user, now_us))
+                let applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
+                shard.unpin(user_id, None);
+                applied
             });
             match applied {
                 Some((result, write)) => {
@@ -156,7 +160,7 @@ impl Cache {
             }
         }
         drop(entry);
-        drop(pins);
+        pins.let_go();
         self.write_through(writes).await?;
         Ok(results)
     }

@@ -32,6 +32,12 @@ impl Pins {
         self.lock().push((user_id, load));
     }
 
+    /// Forgets every pin: the caller gave each back itself (every load
+    /// succeeded, so each is held by its user).
+    pub(crate) fn let_go(self) {
+        self.lock().clear();
+    }
+
     /// Forgets the pin handed to `load`, which failed: it went nowhere.
     pub(crate) fn forget(&self, user_id: u64, load: &watch::Receiver<LoadResult>) {
         self.lock().retain(|(id, l)| {
