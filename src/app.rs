@@ -1,6 +1,7 @@
 //! The one place where the parts are wired together: store, cache,
 //! write-behind, gRPC server (with health and reflection) and the metrics
-//! listener; and the order in which they stop.
+//! listener. [`Application::build`] binds, [`Application::start`] starts
+//! ([`Running`]), and [`Running::stop`] stops in the documented order.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,9 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic_health::server::HealthReporter;
 
 use crate::cache::{Cache, CacheConfig};
 use crate::config::{Config, StoreKind};
@@ -18,7 +21,7 @@ use crate::grpc::ReadStatesService;
 use crate::metrics;
 use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;
-use crate::store::cassandra::{self, CassandraStore};
+use crate::store::cassandra::{self, CassandraConfig, CassandraStore};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::instrumented::Instrumented;
 use crate::store::memory::MemoryStore;
@@ -81,12 +84,19 @@ impl Application {
             .unwrap_or(self.config.metrics_listen)
     }
 
-    /// Serves until `shutdown` resolves, then stops taking requests and
-    /// writes every unwritten change.
+    /// Serves until `shutdown` resolves (or the server fails), then stops.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()>,
     ) -> Result<ShutdownReport, BoxError> {
+        let mut running = self.start().await?;
+        running.serve_until(shutdown).await;
+        running.stop().await
+    }
+
+    /// Starts everything: write-behind, the metrics sampler and listener,
+    /// and the gRPC server with health and reflection.
+    pub async fn start(self) -> Result<Running, BoxError> {
         let Application {
             config,
             grpc,
@@ -112,7 +122,7 @@ impl Application {
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
         let service = ReadStatesService::new(cache.clone(), config.max_concurrent_requests);
-        let mut server = tokio::spawn(
+        let server = tokio::spawn(
             Server::builder()
                 .add_service(health_service)
                 .add_service(reflection)
@@ -127,28 +137,70 @@ impl Application {
             write_delay = ?config.write_delay,
             "serving"
         );
+        Ok(Running {
+            shutdown_timeout: config.shutdown_timeout,
+            health,
+            stop,
+            server,
+            server_ended: None,
+            write_behind,
+            sampler,
+            metrics_server,
+        })
+    }
+}
 
-        let server_result = tokio::select! {
-            () = shutdown => None,
-            result = &mut server => Some(result),
-        };
+/// A started application; [`Running::stop`] stops it in order.
+#[derive(Debug)]
+pub struct Running {
+    shutdown_timeout: Duration,
+    health: HealthReporter,
+    /// Stops the gRPC server's accept loop, the sampler and `/metrics`.
+    stop: CancellationToken,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The server's outcome, if it ended on its own.
+    server_ended: Option<Result<Result<(), tonic::transport::Error>, JoinError>>,
+    write_behind: WriteBehind,
+    sampler: JoinHandle<()>,
+    metrics_server: JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    /// Returns when `shutdown` resolves or the gRPC server ends on its own.
+    pub async fn serve_until(&mut self, shutdown: impl Future<Output = ()>) {
+        if self.server_ended.is_some() {
+            return;
+        }
+        tokio::select! {
+            () = shutdown => {}
+            ended = &mut self.server => self.server_ended = Some(ended),
+        }
+    }
+
+    /// Stops in order: reports not serving, stops taking connections, gives
+    /// the requests under way [`REQUEST_GRACE`], then refuses changes and
+    /// writes every unwritten one (see [`WriteBehind::shutdown`]), and last
+    /// stops the metrics. The report says what could not be written.
+    pub async fn stop(mut self) -> Result<ShutdownReport, BoxError> {
         tracing::info!("shutting down: no new requests; writing unwritten changes");
-        health
+        self.health
             .set_not_serving::<ReadStatesServer<ReadStatesService>>()
             .await;
-        stop.cancel();
-        let server_result = match server_result {
+        self.stop.cancel();
+        let server_result = match self.server_ended.take() {
             Some(result) => result,
-            None => match tokio::time::timeout(REQUEST_GRACE, &mut server).await {
+            None => match tokio::time::timeout(REQUEST_GRACE, &mut self.server).await {
                 Ok(result) => result,
                 Err(_) => {
+                    // Connection tasks may go on; the closed cache refuses
+                    // their changes from here on.
                     tracing::warn!("requests still running after {REQUEST_GRACE:?}; cut off");
-                    server.abort();
+                    self.server.abort();
                     Ok(Ok(()))
                 }
             },
         };
-        let report = write_behind.shutdown(config.shutdown_timeout).await;
+        let report = self.write_behind.shutdown(self.shutdown_timeout).await;
         if report.unwritten > 0 {
             tracing::error!(
                 unwritten = report.unwritten,
@@ -157,17 +209,16 @@ impl Application {
         } else {
             tracing::info!("every change written");
         }
-        let _ = sampler.await;
-        let _ = metrics_server.await;
+        let _ = self.sampler.await;
+        let _ = self.metrics_server.await;
         server_result??;
         Ok(report)
     }
 }
 
 /// Creates the Cassandra keyspace and tables: `readstates migrate`.
-pub async fn migrate(config: &Config) -> Result<(), BoxError> {
-    let cassandra = config.cassandra();
-    let session = cassandra::connect(&cassandra).await?;
+pub async fn migrate(cassandra: &CassandraConfig) -> Result<(), BoxError> {
+    let session = cassandra::connect(cassandra).await?;
     cassandra::schema::migrate(&session, &cassandra.keyspace, &cassandra.replication).await?;
     Ok(())
 }
@@ -190,10 +241,11 @@ async fn open_store(config: &Config) -> Result<Arc<dyn Store>, BoxError> {
             Arc::new(MemoryStore::new())
         }
         StoreKind::Cassandra => {
+            let cassandra = config.cassandra();
             if config.init_schema {
-                migrate(config).await?;
+                migrate(&cassandra).await?;
             }
-            Arc::new(CassandraStore::connect(&config.cassandra()).await?)
+            Arc::new(CassandraStore::connect(&cassandra).await?)
         }
     })
 }

@@ -1,5 +1,5 @@
-//! The `readstates` binary: parse flags, set up logging, build the
-//! application and run it until SIGTERM or Ctrl-C.
+//! The `readstates` binary: parse flags, set up logging, and run the command:
+//! `serve` until SIGTERM or Ctrl-C, or `migrate`.
 
 #![forbid(unsafe_code)]
 
@@ -13,47 +13,57 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
 use readstates::app::{self, Application};
-use readstates::config::{Cli, Command, Config};
+use readstates::config::{Cli, Command, Config, ServeArgs};
 use readstates::{shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let (args, migrate) = match Cli::parse().command {
-        Command::Serve(args) => (args, false),
-        Command::Migrate(args) => (args, true),
-    };
-    let config = match Config::load(&args) {
-        Ok(config) => config,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
+    match Cli::parse().command {
+        Command::Serve(args) => {
+            let config = match configure(&args) {
+                Ok(config) => config,
+                Err(exit) => return exit,
+            };
+            let served = Application::build(config).await;
+            match served {
+                Ok(app) => match app.run_until(shutdown::signal()).await {
+                    // The log already said what was not written.
+                    Ok(report) if report.unwritten > 0 => ExitCode::FAILURE,
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => failed(e),
+                },
+                Err(e) => failed(e),
+            }
         }
-    };
-    if args.print_config {
-        print!("{}", config.to_toml());
-        return ExitCode::SUCCESS;
-    }
-    telemetry::init(&config);
-    let result = if migrate {
-        app::migrate(&config).await.map(|()| true)
-    } else {
-        serve(config).await
-    };
-    match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
-        Err(e) => {
-            tracing::error!(error = %e, "readstates failed");
-            ExitCode::FAILURE
+        Command::Migrate(args) => {
+            let config = match configure(&args) {
+                Ok(config) => config,
+                Err(exit) => return exit,
+            };
+            match app::migrate(&config.cassandra()).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => failed(e),
+            }
         }
     }
 }
 
-/// Serves until a signal; `Ok(false)` if some changes could not be written.
-async fn serve(config: Config) -> Result<bool, app::BoxError> {
-    let report = Application::build(config)
-        .await?
-        .run_until(shutdown::signal())
-        .await?;
-    Ok(report.unwritten == 0)
+/// The configuration, with logging set up; or how to exit at once: it is
+/// invalid (2), or was only to be printed (`--print-config`, 0).
+fn configure(args: &ServeArgs) -> Result<Config, ExitCode> {
+    let config = Config::load(args).map_err(|e| {
+        eprintln!("{e}");
+        ExitCode::from(2)
+    })?;
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return Err(ExitCode::SUCCESS);
+    }
+    telemetry::init(&config);
+    Ok(config)
+}
+
+fn failed(error: app::BoxError) -> ExitCode {
+    tracing::error!(error = %error, "readstates failed");
+    ExitCode::FAILURE
 }

@@ -407,8 +407,6 @@ impl UserReadStates {
         self.entries.binary_search_by_key(&key, ReadState::key)
     }
 
-    /// Applies `update` to the entry for `key` (created, or revived from a
-    /// tombstone, as a fresh read state) and stamps it with `version`.
     /// The last acked id of the live read state at `position` (0 if none).
     fn last_acked_at(&self, position: Result<usize, usize>) -> u64 {
         match position {
@@ -417,6 +415,8 @@ impl UserReadStates {
         }
     }
 
+    /// Applies `update` to the entry for `key` (created, or revived from a
+    /// tombstone, as a fresh read state) and stamps it with `version`.
     fn change(
         &mut self,
         key: Key,

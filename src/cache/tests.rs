@@ -78,17 +78,9 @@ async fn concurrent_requests_share_one_load() {
 #[tokio::test]
 async fn a_failed_load_is_unavailable_and_not_cached_as_empty() {
     let store = Arc::new(FaultyStore::memory());
-    let cache = Cache::new(config(100), store.clone());
-    ack(&cache, 1, 1, 10).await.unwrap();
-    // Put user 1 in the store, then forget it from the cache by filling it.
-    store
-        .write(&UserWrite::of(1, &{
-            let mut u = UserReadStates::default();
-            u.ack(Key::channel(1), 10, 1);
-            u
-        }))
-        .await
-        .unwrap();
+    let mut user = UserReadStates::default();
+    user.ack(Key::channel(1), 10, 1);
+    store.write(&UserWrite::of(1, &user)).await.unwrap();
     let cache = Cache::new(config(100), store.clone());
 
     store.inject(Fault::new(Operation::Load, Effect::Fail));

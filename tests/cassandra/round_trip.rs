@@ -12,8 +12,8 @@ async fn changes_reach_cassandra_after_the_write_delay() {
     let store = store().await;
     let server = Server::start(&nodes(), &["--write-delay", "2s"]);
     let mut client = server.client().await;
-    let (user, other) = (fresh_users(2), 0);
-    let other = user + 1 + other;
+    let user = fresh_users(2);
+    let other = user + 1;
 
     let ack = AckRequest {
         user_id: user,
