@@ -60,7 +60,7 @@ impl Application {
                 shards: config.shards,
                 write_delay: config.write_delay,
                 max_evicted_unwritten: config.max_evicted_unwritten,
-                write_concurrency: config.flush_concurrency,
+                write_concurrency: config.write_concurrency,
             },
             Arc::new(Instrumented::new(store)),
         );

@@ -56,7 +56,7 @@ pub struct CacheConfig {
 #[derive(Debug)]
 pub struct Cache {
     shards: Box<[Mutex<Shard>]>,
-    /// Wakes the flusher of the shard with the same index.
+    /// Wakes the writer of the shard with the same index.
     wakers: Box<[Notify]>,
     store: Arc<dyn Store>,
     config: CacheConfig,
@@ -436,7 +436,7 @@ impl Cache {
         load
     }
 
-    /// Locks shard `index`, runs `f`, unlocks, and wakes the shard's flusher
+    /// Locks shard `index`, runs `f`, unlocks, and wakes the shard's writer
     /// if `f` queued something for it: the one way into a shard.
     pub(crate) fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard) -> R) -> R {
         let mut shard = self.lock(index);
@@ -471,10 +471,10 @@ impl Cache {
     }
 
     /// Write-behind: starts (or, with `retry`, continues) a write of
-    /// `user_id`; see [`Shard::begin_flush`].
+    /// `user_id`; see [`Shard::begin_write`].
     pub(crate) fn begin_write(&self, user_id: u64, retry: bool) -> Option<UserWrite> {
         self.with_shard(self.shard_of(user_id), |shard| {
-            shard.begin_flush(user_id, retry, clock::now_micros())
+            shard.begin_write(user_id, retry, clock::now_micros())
         })
     }
 
@@ -482,7 +482,7 @@ impl Cache {
     /// (`Some`) or was given up (`None`).
     pub(crate) fn finish_write(&self, user_id: u64, version: Option<u64>) {
         self.with_shard(self.shard_of(user_id), |shard| {
-            shard.finish_flush(user_id, version, clock::now_micros());
+            shard.finish_write(user_id, version, clock::now_micros());
         });
     }
 
@@ -523,7 +523,7 @@ impl Cache {
     /// all shards.
     pub fn unwritten(&self) -> usize {
         (0..self.shards.len())
-            .map(|index| self.lock(index).dirty())
+            .map(|index| self.lock(index).unwritten())
             .sum()
     }
 
@@ -543,12 +543,16 @@ impl Cache {
             let g = shard.gauges();
             gauges.users += g.users;
             gauges.read_states += g.read_states;
-            gauges.dirty += g.dirty;
-            gauges.oldest_dirty = gauges.oldest_dirty.into_iter().chain(g.oldest_dirty).min();
+            gauges.unwritten += g.unwritten;
+            gauges.oldest_unwritten = gauges
+                .oldest_unwritten
+                .into_iter()
+                .chain(g.oldest_unwritten)
+                .min();
             stats.hits += shard.stats.hits;
             stats.misses += shard.stats.misses;
             stats.evictions += shard.stats.evictions;
-            stats.evictions_dirty += shard.stats.evictions_dirty;
+            stats.evictions_unwritten += shard.stats.evictions_unwritten;
         }
         (gauges, stats)
     }

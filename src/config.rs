@@ -147,9 +147,15 @@ pub struct Settings {
     /// Cache shards, each behind its own lock.
     #[arg(long, env = "READSTATES_SHARDS")]
     pub shards: Option<usize>,
-    /// Store writes under way at once.
-    #[arg(long, env = "READSTATES_FLUSH_CONCURRENCY")]
-    pub flush_concurrency: Option<usize>,
+    /// Store writes under way at once (write-behind's and write-through's).
+    /// Formerly `flush_concurrency`, still accepted.
+    #[arg(
+        long,
+        alias = "flush-concurrency",
+        env = "READSTATES_WRITE_CONCURRENCY"
+    )]
+    #[serde(alias = "flush_concurrency")]
+    pub write_concurrency: Option<usize>,
     /// Read states evicted from the cache before the store took them, beyond
     /// which changes get UNAVAILABLE (memory bound for a failing store).
     #[arg(long, env = "READSTATES_MAX_UNWRITTEN")]
@@ -199,7 +205,7 @@ pub struct Config {
     pub write_delay: Duration,
     pub cache_capacity: usize,
     pub shards: usize,
-    pub flush_concurrency: usize,
+    pub write_concurrency: usize,
     pub max_evicted_unwritten: usize,
     pub max_concurrent_requests: usize,
     #[serde(with = "humantime_serde")]
@@ -247,7 +253,7 @@ impl Config {
         let positive = [
             ("cache_capacity", self.cache_capacity),
             ("shards", self.shards),
-            ("flush_concurrency", self.flush_concurrency),
+            ("write_concurrency", self.write_concurrency),
             ("max_evicted_unwritten", self.max_evicted_unwritten),
             ("max_concurrent_requests", self.max_concurrent_requests),
         ];
@@ -279,7 +285,7 @@ impl Config {
             write_delay: s.write_delay.unwrap_or(Duration::from_secs(30)),
             cache_capacity: s.cache_capacity.unwrap_or(10_000_000),
             shards: s.shards.unwrap_or(64),
-            flush_concurrency: s.flush_concurrency.unwrap_or(32),
+            write_concurrency: s.write_concurrency.unwrap_or(32),
             max_evicted_unwritten: s.max_evicted_unwritten.unwrap_or(2_000_000),
             max_concurrent_requests: s.max_concurrent_requests.unwrap_or(10_000),
             shutdown_timeout: s.shutdown_timeout.unwrap_or(Duration::from_secs(30)),
@@ -339,7 +345,7 @@ impl Settings {
             write_delay: self.write_delay.or(other.write_delay),
             cache_capacity: self.cache_capacity.or(other.cache_capacity),
             shards: self.shards.or(other.shards),
-            flush_concurrency: self.flush_concurrency.or(other.flush_concurrency),
+            write_concurrency: self.write_concurrency.or(other.write_concurrency),
             max_evicted_unwritten: self.max_evicted_unwritten.or(other.max_evicted_unwritten),
             max_concurrent_requests: self
                 .max_concurrent_requests

@@ -23,7 +23,7 @@ pub const REQUEST_DURATION: &str = "readstates_request_duration_seconds";
 pub const CACHE_HITS: &str = "readstates_cache_hits_total";
 pub const CACHE_MISSES: &str = "readstates_cache_misses_total";
 pub const CACHE_EVICTIONS: &str = "readstates_cache_evictions_total";
-pub const CACHE_EVICTIONS_DIRTY: &str = "readstates_cache_evictions_unwritten_total";
+pub const CACHE_EVICTIONS_UNWRITTEN: &str = "readstates_cache_evictions_unwritten_total";
 pub const CACHED_USERS: &str = "readstates_cached_users";
 pub const CACHED_READ_STATES: &str = "readstates_cached_read_states";
 pub const UNWRITTEN_READ_STATES: &str = "readstates_unwritten_read_states";
@@ -40,7 +40,7 @@ pub const ALL: [&str; 14] = [
     CACHE_HITS,
     CACHE_MISSES,
     CACHE_EVICTIONS,
-    CACHE_EVICTIONS_DIRTY,
+    CACHE_EVICTIONS_UNWRITTEN,
     CACHED_USERS,
     CACHED_READ_STATES,
     UNWRITTEN_READ_STATES,
@@ -150,12 +150,12 @@ fn sample(cache: &Cache) {
     counter!(CACHE_HITS).absolute(stats.hits);
     counter!(CACHE_MISSES).absolute(stats.misses);
     counter!(CACHE_EVICTIONS).absolute(stats.evictions);
-    counter!(CACHE_EVICTIONS_DIRTY).absolute(stats.evictions_dirty);
+    counter!(CACHE_EVICTIONS_UNWRITTEN).absolute(stats.evictions_unwritten);
     gauge!(CACHED_USERS).set(gauges.users as f64);
     gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
-    gauge!(UNWRITTEN_READ_STATES).set(gauges.dirty as f64);
+    gauge!(UNWRITTEN_READ_STATES).set(gauges.unwritten as f64);
     let oldest = gauges
-        .oldest_dirty
+        .oldest_unwritten
         .map_or(0.0, |since| (Instant::now() - since).as_secs_f64());
     gauge!(OLDEST_UNWRITTEN).set(oldest);
 }

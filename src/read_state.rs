@@ -5,10 +5,10 @@
 //! resets the counters, a manual ack rewinds, a new message counts only past
 //! the last ack, and every applied change raises the user's version.
 //!
-//! Write-behind bookkeeping lives here too, as versions: a read state is dirty
-//! when its version is above `flushed_version`, the version up to which the
-//! store is known to hold this user. No per-entry flag is needed, and a write
-//! that raced with newer changes leaves exactly those newer changes dirty.
+//! Write-behind bookkeeping lives here too, as versions: a read state is
+//! unwritten when its version is above `written_version`, the version up to
+//! which the store is known to hold this user. No per-entry flag is needed, and a write
+//! that raced with newer changes leaves exactly those newer changes unwritten.
 
 use std::time::Duration;
 
@@ -126,14 +126,14 @@ pub struct UserReadStates {
     /// Rises on every applied change: `max(previous + 1, now_µs)`.
     version: u64,
     /// The store holds every change up to this version.
-    flushed_version: u64,
+    written_version: u64,
     /// A delta since a version below this cannot be exact.
     delta_floor: u64,
     /// The version of the last "delete all"; the store must drop the user's
-    /// rows before the next write if it is above `flushed_version`.
+    /// rows before the next write if it is above `written_version`.
     cleared_version: u64,
-    /// Entries with `version > flushed_version`.
-    dirty: u32,
+    /// Entries with `version > written_version`.
+    unwritten: u32,
     /// Live read states and tombstones, sorted by key. A boxed slice would
     /// save 8 bytes but cost a reallocation on every insert.
     entries: Vec<ReadState>,
@@ -148,10 +148,10 @@ impl UserReadStates {
         let version = entries.iter().map(|e| e.version).fold(version, u64::max);
         UserReadStates {
             version,
-            flushed_version: version,
+            written_version: version,
             delta_floor,
             cleared_version: 0,
-            dirty: 0,
+            unwritten: 0,
             entries,
         }
     }
@@ -160,8 +160,8 @@ impl UserReadStates {
         self.version
     }
 
-    pub fn flushed_version(&self) -> u64 {
-        self.flushed_version
+    pub fn written_version(&self) -> u64 {
+        self.written_version
     }
 
     pub fn delta_floor(&self) -> u64 {
@@ -178,15 +178,15 @@ impl UserReadStates {
     }
 
     /// Has changes the store does not hold yet.
-    pub fn is_dirty(&self) -> bool {
-        self.version > self.flushed_version
+    pub fn has_unwritten(&self) -> bool {
+        self.version > self.written_version
     }
 
     /// Changes not yet written: entries (read states and tombstones), and a
     /// pending "delete all" as one more, so that a wipe waiting for the
     /// store counts as unwritten like any other change.
-    pub fn dirty_count(&self) -> usize {
-        self.dirty as usize + usize::from(self.pending_clear().is_some())
+    pub fn unwritten_count(&self) -> usize {
+        self.unwritten as usize + usize::from(self.pending_clear().is_some())
     }
 
     /// The live read state for `key`.
@@ -342,7 +342,7 @@ impl UserReadStates {
         }
         let version = self.next_version(now_us);
         self.entries = Vec::new();
-        self.dirty = 0;
+        self.unwritten = 0;
         self.delta_floor = version;
         self.cleared_version = version;
         live
@@ -351,22 +351,22 @@ impl UserReadStates {
     /// The version of a "delete all" the store has not seen yet: the next
     /// write must first remove every stored row older than it.
     pub fn pending_clear(&self) -> Option<u64> {
-        (self.cleared_version > self.flushed_version).then_some(self.cleared_version)
+        (self.cleared_version > self.written_version).then_some(self.cleared_version)
     }
 
-    /// The entries a write must carry: those changed after `flushed_version`.
-    pub fn dirty_entries(&self) -> impl Iterator<Item = &ReadState> {
-        let flushed = self.flushed_version;
-        self.entries.iter().filter(move |e| e.version > flushed)
+    /// The entries a write must carry: those changed after `written_version`.
+    pub fn unwritten_entries(&self) -> impl Iterator<Item = &ReadState> {
+        let written = self.written_version;
+        self.entries.iter().filter(move |e| e.version > written)
     }
 
     /// The store now holds everything up to `version`.
-    pub fn mark_flushed(&mut self, version: u64) {
-        if version <= self.flushed_version {
+    pub fn mark_written(&mut self, version: u64) {
+        if version <= self.written_version {
             return;
         }
-        self.flushed_version = version;
-        self.dirty = self.dirty_entries().count() as u32;
+        self.written_version = version;
+        self.unwritten = self.unwritten_entries().count() as u32;
     }
 
     /// Drops written tombstones that are too old or too many, raising the
@@ -376,7 +376,7 @@ impl UserReadStates {
         let mut written: Vec<u64> = self
             .entries
             .iter()
-            .filter(|e| e.deleted && e.version <= self.flushed_version)
+            .filter(|e| e.deleted && e.version <= self.written_version)
             .map(|e| e.version)
             .collect();
         if written.is_empty() {
@@ -435,13 +435,13 @@ impl UserReadStates {
         version: u64,
         update: impl FnOnce(&mut ReadState),
     ) -> &ReadState {
-        let (index, was_dirty) = match position {
+        let (index, was_unwritten) = match position {
             Ok(i) => {
-                let was_dirty = self.entries[i].version > self.flushed_version;
+                let was_unwritten = self.entries[i].version > self.written_version;
                 if self.entries[i].deleted {
                     self.entries[i] = ReadState::new(key);
                 }
-                (i, was_dirty)
+                (i, was_unwritten)
             }
             Err(i) => {
                 // Exact growth: per-user vectors are small and many, and
@@ -451,8 +451,8 @@ impl UserReadStates {
                 (i, false)
             }
         };
-        if !was_dirty {
-            self.dirty += 1;
+        if !was_unwritten {
+            self.unwritten += 1;
         }
         let entry = &mut self.entries[index];
         update(entry);

@@ -2,7 +2,7 @@
 //!
 //! The cache talks to a [`Store`] only in whole users: it loads a user's read
 //! states on a miss and writes a user's changed read states when write-behind
-//! flushes them. Deletions travel in the same write (tombstones, or
+//! writes_under_way them. Deletions travel in the same write (tombstones, or
 //! `clear_below` for "delete all"), so a deletion can never overtake or be overtaken by an
 //! earlier change to the same user.
 //!
@@ -69,7 +69,7 @@ impl UserWrite {
             version: user.version(),
             delta_floor: user.delta_floor(),
             clear_below: user.pending_clear(),
-            read_states: user.dirty_entries().copied().collect(),
+            read_states: user.unwritten_entries().copied().collect(),
         }
     }
 }

@@ -2,16 +2,16 @@
 //!
 //! One scheduler task per shard waits for the shard's next due user (its
 //! first unwritten change plus `write_delay`, or at once for a user evicted
-//! with unwritten changes) and spawns a flush for it. A flush takes a
+//! with unwritten changes) and spawns a write for it. A write takes a
 //! snapshot of the user's unwritten read states under the shard lock, writes
 //! it outside the lock, and on success marks exactly that version written;
-//! changes made meanwhile stay dirty and are queued again. A failed write is
-//! retried with backoff, and the data stays dirty until it succeeds.
+//! changes made meanwhile stay unwritten and are queued again. A failed write
+//! is retried with backoff, and the data stays unwritten until it succeeds.
 //!
 //! The cache's write permits bound the store writes under way (write-through
 //! writes take them too), so a burst of evictions cannot flood the store. A
-//! flush holds a permit only while its write is under way, never while it
-//! backs off, so users whose writes keep failing never hold up the others.
+//! write holds a permit only while the store call is under way, never while
+//! it backs off, so users whose writes keep failing never hold up the others.
 //!
 //! [`WriteBehind::shutdown`] closes the cache to changes, then writes until
 //! nothing is unwritten and no write is under way, giving up only at its
@@ -55,36 +55,36 @@ pub struct ShutdownReport {
 
 #[derive(Debug)]
 pub struct WriteBehind {
-    flusher: Arc<Flusher>,
+    writer: Arc<Writer>,
     schedulers: Vec<JoinHandle<()>>,
-    /// Stops the schedulers (not the flushes).
+    /// Stops the schedulers (not the writes_under_way).
     stop: CancellationToken,
 }
 
 #[derive(Debug)]
-struct Flusher {
+struct Writer {
     cache: Arc<Cache>,
     config: WriteBehindConfig,
-    flushes: TaskTracker,
-    /// Makes failing flushes stop retrying (the shutdown deadline passed).
+    writes_under_way: TaskTracker,
+    /// Makes failing writes_under_way stop retrying (the shutdown deadline passed).
     give_up: CancellationToken,
 }
 
 impl WriteBehind {
     /// Starts one scheduler per cache shard.
     pub fn start(cache: Arc<Cache>, config: WriteBehindConfig) -> WriteBehind {
-        let flusher = Arc::new(Flusher {
+        let writer = Arc::new(Writer {
             cache,
             config,
-            flushes: TaskTracker::new(),
+            writes_under_way: TaskTracker::new(),
             give_up: CancellationToken::new(),
         });
         let stop = CancellationToken::new();
-        let schedulers = (0..flusher.cache.shard_count())
-            .map(|index| tokio::spawn(flusher.clone().schedule(index, stop.clone())))
+        let schedulers = (0..writer.cache.shard_count())
+            .map(|index| tokio::spawn(writer.clone().schedule(index, stop.clone())))
             .collect();
         WriteBehind {
-            flusher,
+            writer,
             schedulers,
             stop,
         }
@@ -94,8 +94,8 @@ impl WriteBehind {
     /// retrying failures, until nothing is unwritten and no write is under
     /// way, or `timeout` passes.
     pub async fn shutdown(self, timeout: Duration) -> ShutdownReport {
-        let flusher = self.flusher;
-        let cache = flusher.cache.clone();
+        let writer = self.writer;
+        let cache = writer.cache.clone();
         cache.close().await;
         self.stop.cancel();
         for scheduler in self.schedulers {
@@ -108,13 +108,13 @@ impl WriteBehind {
                 let mut started = 0;
                 for index in 0..cache.shard_count() {
                     for user_id in cache.unwritten_users(index) {
-                        flusher.clone().spawn_flush(user_id).await;
+                        writer.clone().spawn_write(user_id).await;
                         started += 1;
                     }
                 }
-                flusher.flushes.close();
-                flusher.flushes.wait().await;
-                flusher.flushes.reopen();
+                writer.writes_under_way.close();
+                writer.writes_under_way.wait().await;
+                writer.writes_under_way.reopen();
                 if cache.unwritten() == 0 && cache.writes_in_flight() == 0 {
                     return;
                 }
@@ -125,9 +125,9 @@ impl WriteBehind {
             }
         };
         if tokio::time::timeout(timeout, drain).await.is_err() {
-            flusher.give_up.cancel();
-            flusher.flushes.close();
-            flusher.flushes.wait().await;
+            writer.give_up.cancel();
+            writer.writes_under_way.close();
+            writer.writes_under_way.wait().await;
         }
         ShutdownReport {
             unwritten: cache.unwritten(),
@@ -135,14 +135,14 @@ impl WriteBehind {
     }
 }
 
-impl Flusher {
-    /// Feeds one shard's due users to flushes until stopped.
+impl Writer {
+    /// Feeds one shard's due users to writes_under_way until stopped.
     async fn schedule(self: Arc<Self>, index: usize, stop: CancellationToken) {
         loop {
             match self.cache.next_due(index, Instant::now()) {
                 Due::User(user_id) => {
                     tokio::select! {
-                        () = self.clone().spawn_flush(user_id) => {}
+                        () = self.clone().spawn_write(user_id) => {}
                         () = stop.cancelled() => return,
                     }
                 }
@@ -163,12 +163,13 @@ impl Flusher {
         }
     }
 
-    /// Waits for a write permit, then flushes `user_id` in a task.
-    async fn spawn_flush(self: Arc<Self>, user_id: u64) {
+    /// Waits for a write permit, then writes_under_way `user_id` in a task.
+    async fn spawn_write(self: Arc<Self>, user_id: u64) {
         let Some(permit) = self.permit().await else {
             return;
         };
-        self.flushes.spawn(self.clone().flush(user_id, permit));
+        self.writes_under_way
+            .spawn(self.clone().write_user(user_id, permit));
     }
 
     /// A write permit, or `None` once shutdown gives up.
@@ -180,7 +181,7 @@ impl Flusher {
     }
 
     /// Writes one user until it succeeds or shutdown gives up.
-    async fn flush(self: Arc<Self>, user_id: u64, permit: OwnedSemaphorePermit) {
+    async fn write_user(self: Arc<Self>, user_id: u64, permit: OwnedSemaphorePermit) {
         let store = self.cache.store().clone();
         let mut backoff = self.config.retry_min;
         let mut permit = Some(permit);

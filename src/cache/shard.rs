@@ -3,7 +3,7 @@
 //!
 //! Everything here is synchronous and runs under that lock, so it never awaits
 //! and never does I/O: it only moves users between the LRU, the eviction
-//! buffer and the queues, and hands out snapshots for the flusher to write.
+//! buffer and the queues, and hands out snapshots for the writer to write.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use crate::store::UserWrite;
 pub(crate) struct CachedUser {
     pub(crate) states: UserReadStates,
     /// When its oldest unwritten change was made; `None` when clean.
-    dirty_since: Option<Instant>,
+    unwritten_since: Option<Instant>,
     /// There is an entry for it in a queue (maybe a stale one).
     queued: bool,
     /// A write of it is under way; no second one may start (an older
@@ -36,7 +36,7 @@ impl CachedUser {
     fn new(states: UserReadStates) -> CachedUser {
         CachedUser {
             states,
-            dirty_since: None,
+            unwritten_since: None,
             queued: false,
             in_flight: false,
             pins: 0,
@@ -57,7 +57,7 @@ pub(crate) struct Loading {
     pub(crate) pins: u32,
 }
 
-/// What the flusher should do next for this shard.
+/// What the writer should do next for this shard.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Due {
     /// Write this user now.
@@ -73,7 +73,7 @@ pub(crate) struct ShardStats {
     pub(crate) hits: u64,
     pub(crate) misses: u64,
     pub(crate) evictions: u64,
-    pub(crate) evictions_dirty: u64,
+    pub(crate) evictions_unwritten: u64,
 }
 
 /// A snapshot of one shard, for the metrics sampler.
@@ -81,8 +81,8 @@ pub(crate) struct ShardStats {
 pub(crate) struct ShardGauges {
     pub(crate) users: usize,
     pub(crate) read_states: usize,
-    pub(crate) dirty: usize,
-    pub(crate) oldest_dirty: Option<Instant>,
+    pub(crate) unwritten: usize,
+    pub(crate) oldest_unwritten: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -108,12 +108,12 @@ pub(crate) struct Shard {
     /// Unwritten read states in this shard, cached or evicted. Per shard
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
-    dirty: usize,
+    unwritten: usize,
     /// Read states in `evicted` (see [`weight`]), summed over all shards:
     /// the memory held beyond capacity, which the memory bound limits.
     evicted_total: Arc<AtomicUsize>,
     pub(crate) stats: ShardStats,
-    /// Something was queued since the flusher was last woken.
+    /// Something was queued since the writer was last woken.
     wake: bool,
 }
 
@@ -128,7 +128,7 @@ impl Shard {
             delayed: VecDeque::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
-            dirty: 0,
+            unwritten: 0,
             evicted_total,
             stats: ShardStats::default(),
             wake: false,
@@ -180,29 +180,29 @@ impl Shard {
     ) -> Option<R> {
         self.revive(user_id);
         let user = self.users.get_mut(&user_id)?;
-        let (len, dirty, version) = (
+        let (len, unwritten, version) = (
             weight(&user.states),
-            user.states.dirty_count(),
+            user.states.unwritten_count(),
             user.states.version(),
         );
         let result = f(&mut user.states);
         if user.states.version() == version {
             return Some(result);
         }
-        let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
+        let (new_len, new_unwritten) = (weight(&user.states), user.states.unwritten_count());
         // Also while a write is in flight: the change waits its own delay
         // rather than riding straight after, or a hot user would be written
         // back to back.
         let schedule = !user.queued;
         // The clock is read only when a user starts a write window, not on
         // every change to a user already waiting.
-        let now = (schedule || user.dirty_since.is_none()).then(Instant::now);
+        let now = (schedule || user.unwritten_since.is_none()).then(Instant::now);
         if let Some(now) = now {
-            user.dirty_since.get_or_insert(now);
+            user.unwritten_since.get_or_insert(now);
         }
         user.queued = true;
         self.read_states = self.read_states + new_len - len;
-        self.adjust_dirty(dirty, new_dirty);
+        self.adjust_unwritten(unwritten, new_unwritten);
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             self.delayed.push_back((now + write_delay, user_id));
@@ -274,7 +274,7 @@ impl Shard {
     /// Evicts least recently used users until the shard is within capacity,
     /// never `keep` (the user being served) nor a pinned user: those are
     /// moved to the front, and if only they are left the shard overflows
-    /// until they are let go. Dirty users go to the eviction buffer and the
+    /// until they are let go. Unwritten users go to the eviction buffer and the
     /// ready queue.
     fn evict_over_capacity(&mut self, keep: u64) {
         let mut spared = 0;
@@ -295,8 +295,8 @@ impl Shard {
             };
             self.read_states -= weight(&user.states);
             self.stats.evictions += 1;
-            if user.states.is_dirty() || user.in_flight {
-                self.stats.evictions_dirty += 1;
+            if user.states.has_unwritten() || user.in_flight {
+                self.stats.evictions_unwritten += 1;
                 if !user.in_flight {
                     user.queued = true;
                     self.ready.push_back(user_id);
@@ -326,7 +326,7 @@ impl Shard {
             };
             if let Some(user) = self.user_mut(user_id) {
                 user.queued = false;
-                if user.states.is_dirty() && !user.in_flight {
+                if user.states.has_unwritten() && !user.in_flight {
                     return Due::User(user_id);
                 }
             }
@@ -339,7 +339,7 @@ impl Shard {
     fn drop_stale_delayed(&mut self) {
         while let Some(&(_, user_id)) = self.delayed.front() {
             match self.user_mut(user_id) {
-                Some(user) if user.states.is_dirty() || user.in_flight => return,
+                Some(user) if user.states.has_unwritten() || user.in_flight => return,
                 Some(user) => user.queued = false,
                 None => {}
             }
@@ -347,12 +347,12 @@ impl Shard {
         }
     }
 
-    /// Every dirty user not already being written, for the final flush.
+    /// Every unwritten user not already being written, for the final drain.
     pub(crate) fn unwritten_users(&self) -> Vec<u64> {
         let cached = self.users.iter().map(|(&id, u)| (id, u));
         cached
             .chain(self.evicted.iter().map(|(&id, u)| (id, u)))
-            .filter(|(_, u)| u.states.is_dirty() && !u.in_flight)
+            .filter(|(_, u)| u.states.has_unwritten() && !u.in_flight)
             .map(|(id, _)| id)
             .collect()
     }
@@ -360,7 +360,7 @@ impl Shard {
     /// Starts (or, with `retry`, continues) a write of `user_id`: marks it in
     /// flight and returns what to write, or `None` if there is nothing to
     /// write or another write of it is under way.
-    pub(crate) fn begin_flush(
+    pub(crate) fn begin_write(
         &mut self,
         user_id: u64,
         retry: bool,
@@ -370,11 +370,11 @@ impl Shard {
         if user.in_flight != retry {
             return None;
         }
-        if !user.states.is_dirty() {
+        if !user.states.has_unwritten() {
             // Written meanwhile (write-through) while this write waited to
             // retry: it ends here, and must let go of the user.
             if retry {
-                self.finish_flush(user_id, None, now_us);
+                self.finish_write(user_id, None, now_us);
             }
             return None;
         }
@@ -386,7 +386,7 @@ impl Shard {
 
     /// A write of `user_id` up to `version` succeeded (`Some`) or was given up
     /// (`None`). Clears what it wrote and queues what changed meanwhile.
-    pub(crate) fn finish_flush(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
+    pub(crate) fn finish_write(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
         self.in_flight.remove(&user_id);
         if let Some(user) = self.user_mut(user_id) {
             user.in_flight = false;
@@ -403,38 +403,38 @@ impl Shard {
 
     /// Clears what a write up to `version` wrote (if it succeeded), keeps the
     /// counters in step, lets an evicted user go once it is clean and, with
-    /// `requeue`, queues what is still dirty.
+    /// `requeue`, queues what is still unwritten.
     fn settle(&mut self, user_id: u64, version: Option<u64>, now_us: u64, requeue: bool) {
         let evicted = self.evicted.contains_key(&user_id);
         let Some(user) = self.user_mut(user_id) else {
             return;
         };
-        let (len, dirty) = (weight(&user.states), user.states.dirty_count());
+        let (len, unwritten) = (weight(&user.states), user.states.unwritten_count());
         if let Some(version) = version {
-            user.states.mark_flushed(version);
+            user.states.mark_written(version);
             // An evicted user keeps its weight until it leaves the buffer.
             if !evicted {
                 user.states.prune_tombstones(now_us);
             }
         }
-        let (new_len, new_dirty) = (weight(&user.states), user.states.dirty_count());
-        let still_dirty = user.states.is_dirty();
+        let (new_len, new_unwritten) = (weight(&user.states), user.states.unwritten_count());
+        let still_unwritten = user.states.has_unwritten();
         // An evicted user stays while a write-behind write of it is under
         // way (also one backing off): that write still has to find it.
         let in_flight = user.in_flight;
-        if !still_dirty {
-            user.dirty_since = None;
+        if !still_unwritten {
+            user.unwritten_since = None;
         } else if version.is_some() {
             // What is left was changed while the write was under way.
-            user.dirty_since = Some(Instant::now());
+            user.unwritten_since = Some(Instant::now());
         }
-        let requeue = requeue && still_dirty && !user.queued && version.is_some();
+        let requeue = requeue && still_unwritten && !user.queued && version.is_some();
         if requeue {
             user.queued = true;
         }
-        self.adjust_dirty(dirty, new_dirty);
+        self.adjust_unwritten(unwritten, new_unwritten);
         if evicted {
-            if !still_dirty
+            if !still_unwritten
                 && !in_flight
                 && let Some(user) = self.evicted.remove(&user_id)
             {
@@ -456,9 +456,9 @@ impl Shard {
             self.users
                 .peek(id)
                 .or_else(|| self.evicted.get(id))?
-                .dirty_since
+                .unwritten_since
         };
-        let oldest_dirty = self
+        let oldest_unwritten = self
             .delayed
             .front()
             .map(|(_, id)| id)
@@ -471,14 +471,14 @@ impl Shard {
         ShardGauges {
             users: self.users.len(),
             read_states: self.read_states,
-            dirty: self.dirty,
-            oldest_dirty,
+            unwritten: self.unwritten,
+            oldest_unwritten,
         }
     }
 
     /// Unwritten read states in this shard.
-    pub(crate) fn dirty(&self) -> usize {
-        self.dirty
+    pub(crate) fn unwritten(&self) -> usize {
+        self.unwritten
     }
 
     /// Users with a write under way.
@@ -486,13 +486,13 @@ impl Shard {
         self.in_flight.len()
     }
 
-    /// Whether the flusher must be woken for what was queued since last asked.
+    /// Whether the writer must be woken for what was queued since last asked.
     pub(crate) fn take_wake(&mut self) -> bool {
         std::mem::take(&mut self.wake)
     }
 
-    fn adjust_dirty(&mut self, before: usize, after: usize) {
-        self.dirty = self.dirty + after - before;
+    fn adjust_unwritten(&mut self, before: usize, after: usize) {
+        self.unwritten = self.unwritten + after - before;
     }
 
     fn user_mut(&mut self, user_id: u64) -> Option<&mut CachedUser> {

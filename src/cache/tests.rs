@@ -138,7 +138,7 @@ async fn an_evicted_user_keeps_its_unwritten_changes() {
     let cache = Cache::new(config(1), store.clone());
     ack(&cache, 1, 1, 10).await.unwrap();
     ack(&cache, 2, 1, 20).await.unwrap(); // evicts user 1
-    assert_eq!(cache.stats().1.evictions_dirty, 1);
+    assert_eq!(cache.stats().1.evictions_unwritten, 1);
     assert_eq!(cache.unwritten(), 2);
     assert_eq!(
         last_acked(&cache, 1, 1).await,

@@ -173,23 +173,25 @@ fn delta_is_full_for_zero_and_for_unknown_versions() {
 }
 
 #[test]
-fn dirty_tracking_follows_versions() {
+fn unwritten_tracking_follows_versions() {
     let mut user = UserReadStates::default();
     user.ack(C1, 10, 0);
     user.ack(C2, 10, 0);
-    assert_eq!(user.dirty_count(), 2);
+    assert_eq!(user.unwritten_count(), 2);
     let written = user.version();
     user.ack(C1, 11, 0); // changed while the write was under way
-    user.mark_flushed(written);
-    assert!(user.is_dirty());
-    assert_eq!(user.dirty_count(), 1);
+    user.mark_written(written);
+    assert!(user.has_unwritten());
+    assert_eq!(user.unwritten_count(), 1);
     assert_eq!(
-        user.dirty_entries().map(|e| e.key()).collect::<Vec<_>>(),
+        user.unwritten_entries()
+            .map(|e| e.key())
+            .collect::<Vec<_>>(),
         vec![C1]
     );
-    user.mark_flushed(user.version());
-    assert!(!user.is_dirty());
-    assert_eq!(user.dirty_count(), 0);
+    user.mark_written(user.version());
+    assert!(!user.has_unwritten());
+    assert_eq!(user.unwritten_count(), 0);
 }
 
 /// Case 2 of "Lossless at every transition": a pending "delete all" left
@@ -198,12 +200,12 @@ fn dirty_tracking_follows_versions() {
 fn a_pending_delete_all_counts_as_unwritten() {
     let mut user = UserReadStates::default();
     user.ack(C1, 10, 0);
-    user.mark_flushed(user.version());
+    user.mark_written(user.version());
     user.delete_all(1);
-    assert!(user.is_dirty());
-    assert_eq!(user.dirty_count(), 1, "the wipe waits for the store");
-    user.mark_flushed(user.version());
-    assert_eq!(user.dirty_count(), 0);
+    assert!(user.has_unwritten());
+    assert_eq!(user.unwritten_count(), 1, "the wipe waits for the store");
+    user.mark_written(user.version());
+    assert_eq!(user.unwritten_count(), 0);
 }
 
 #[test]
@@ -223,7 +225,7 @@ fn only_written_tombstones_are_pruned_and_the_floor_rises() {
         0,
         "unwritten tombstones must stay"
     );
-    user.mark_flushed(user.version());
+    user.mark_written(user.version());
     assert_eq!(user.prune_tombstones(0), 10);
     assert_eq!(user.len(), MAX_TOMBSTONES_PER_USER);
     assert!(
@@ -250,7 +252,7 @@ fn from_stored_is_clean_and_sorted() {
     ];
     let user = UserReadStates::from_stored(3, 0, states);
     assert_eq!(user.version(), 9, "never below a stored row's version");
-    assert!(!user.is_dirty());
+    assert!(!user.has_unwritten());
     assert_eq!(
         user.live().map(|e| e.key()).collect::<Vec<_>>(),
         vec![C1, C2]
@@ -275,7 +277,7 @@ enum Op {
     Delete(Vec<Key>),
     DeleteAll,
     /// The store caught up to the current version.
-    Flush,
+    Write,
 }
 
 fn key() -> impl Strategy<Value = Key> {
@@ -292,7 +294,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (key(), 1u64..30, any::<bool>()).prop_map(|(k, id, m)| Op::Message(k, id, m)),
         1 => prop::collection::vec(key(), 1..3).prop_map(Op::Delete),
         1 => Just(Op::DeleteAll),
-        2 => Just(Op::Flush),
+        2 => Just(Op::Write),
     ]
 }
 
@@ -350,7 +352,7 @@ fn apply_model(model: &mut Model, op: &Op) -> bool {
             model.clear();
             any
         }
-        Op::Flush => false,
+        Op::Write => false,
     }
 }
 
@@ -371,7 +373,7 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
         Op::DeleteAll => {
             user.delete_all(now_us);
         }
-        Op::Flush => user.mark_flushed(user.version()),
+        Op::Write => user.mark_written(user.version()),
     }
 }
 
@@ -405,7 +407,7 @@ proptest! {
                 prop_assert_eq!(user.version(), version, "no change, same version: {:?}", op);
             }
             let pending_wipe = usize::from(user.pending_clear().is_some());
-            prop_assert_eq!(user.dirty_count(), user.dirty_entries().count() + pending_wipe);
+            prop_assert_eq!(user.unwritten_count(), user.unwritten_entries().count() + pending_wipe);
             prop_assert!(user.live().all(|e| e.version <= user.version()));
             if i == checkpoint {
                 saved = Some((user.version(), model.clone()));

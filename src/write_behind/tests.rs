@@ -140,7 +140,7 @@ async fn eviction_writes_at_once_and_the_user_stays_readable_meanwhile() {
     message(&cache, first, 2, 10).await.unwrap();
     message(&cache, second, 1, 10).await.unwrap();
     settle().await; // the eviction write of `first` is at the gate, well before the delay
-    assert_eq!(cache.stats().1.evictions_dirty, 1);
+    assert_eq!(cache.stats().1.evictions_unwritten, 1);
 
     // While its write is in flight, a request sees the latest state, and may change it.
     assert_eq!(unread(&cache, first, 1).await, 1);
@@ -177,7 +177,7 @@ async fn a_failing_store_keeps_changes_until_it_recovers() {
     tokio::time::sleep(DELAY + Duration::from_secs(10)).await;
     settle().await;
     assert!(store.failed_writes() >= 2, "retried");
-    assert_eq!(cache.unwritten(), 1, "still dirty");
+    assert_eq!(cache.unwritten(), 1, "still unwritten");
     message(&cache, 1, 1, 11).await.unwrap(); // accepted while the store is down
 
     store.clear();
@@ -424,7 +424,7 @@ async fn changes_after_shutdown_began_are_refused_unapplied() {
 
 /// Case 9: an evicted user found by a read went back into the LRU and
 /// evicted another unwritten user, whose write then waited for its delay
-/// because nobody woke the flusher.
+/// because nobody woke the writer.
 #[tokio::test(start_paused = true)]
 async fn a_read_that_evicts_an_unwritten_user_wakes_the_flusher() {
     let store = Arc::new(FaultyStore::memory());
@@ -483,7 +483,11 @@ async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
     settle().await;
     assert_eq!(store.writes().len(), 1);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let oldest = cache.stats().0.oldest_dirty.expect("user 2 is unwritten");
+    let oldest = cache
+        .stats()
+        .0
+        .oldest_unwritten
+        .expect("user 2 is unwritten");
     assert_eq!(Instant::now() - oldest, Duration::from_secs(3));
 }
 

@@ -181,7 +181,7 @@ async fn a_shutdown_under_load_loses_nothing_and_says_so() {
     let args = [
         "--write-delay",
         "200ms",
-        "--flush-concurrency",
+        "--write-concurrency",
         "256",
         "--shards",
         "1",

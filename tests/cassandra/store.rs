@@ -101,7 +101,7 @@ async fn a_wipe_cut_after_its_first_batch_keeps_the_version_and_floor() {
     }
     store.write(&UserWrite::of(user_id, &user)).await.unwrap();
 
-    user.mark_flushed(user.version());
+    user.mark_written(user.version());
     user.delete_all(now + 10);
     let wiped_at = user.version();
     for channel_id in 100..220 {
