@@ -14,6 +14,7 @@
 
 pub mod cassandra;
 pub mod embedded;
+#[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod instrumented;
 pub mod memory;
@@ -107,4 +108,5 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError>;
 }
 
+#[cfg(any(test, feature = "test-support"))]
 pub mod conformance;
