@@ -11,6 +11,8 @@
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
 //! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
+//! - `test_support` (feature `test-support`): request builders for tests;
+//!   the conformance suite and the fault-injecting store sit in [`store`].
 //!
 //! # Data flow
 //! gRPC handler → validated domain call → cache shard (applied under its
@@ -31,4 +33,6 @@ pub mod read_state;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 pub mod write_behind;

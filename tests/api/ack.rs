@@ -1,15 +1,7 @@
 use readstates::proto::{AckRequest, ReadStateKind};
+use readstates::test_support::ack;
 
 use crate::helpers::spawn_app;
-
-pub fn ack(user_id: u64, channel_id: u64, message_id: u64) -> AckRequest {
-    AckRequest {
-        user_id,
-        channel_id,
-        message_id,
-        ..AckRequest::default()
-    }
-}
 
 #[tokio::test]
 async fn ack_moves_forward_only() {

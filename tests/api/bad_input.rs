@@ -1,12 +1,12 @@
 //! Every bad input gets INVALID_ARGUMENT naming the field (and the limit).
 
 use readstates::proto::*;
+use readstates::test_support::ack;
+use readstates::test_support::delete;
+use readstates::test_support::message;
 use tonic::{Code, Response, Status};
 
-use crate::ack::ack;
-use crate::delete_read_states::delete;
 use crate::helpers::spawn_app;
-use crate::message_created::message;
 
 #[track_caller]
 fn assert_invalid<T: std::fmt::Debug>(result: Result<Response<T>, Status>, needles: &[&str]) {

@@ -1,6 +1,6 @@
 use readstates::proto::{AckEntry, BulkAckRequest, ReadStateKind};
+use readstates::test_support::ack;
 
-use crate::ack::ack;
 use crate::helpers::spawn_app;
 
 #[tokio::test]

@@ -1,21 +1,6 @@
-use readstates::proto::{DeleteReadStatesRequest, ReadStateKey};
+use readstates::test_support::{ack, delete};
 
-use crate::ack::ack;
 use crate::helpers::spawn_app;
-
-pub fn delete(user_id: u64, channel_ids: &[u64], all: bool) -> DeleteReadStatesRequest {
-    DeleteReadStatesRequest {
-        user_id,
-        keys: channel_ids
-            .iter()
-            .map(|&channel_id| ReadStateKey {
-                channel_id,
-                kind: 0,
-            })
-            .collect(),
-        all,
-    }
-}
 
 async fn channels(app: &mut crate::helpers::TestApp, user_id: u64) -> Vec<u64> {
     let response = app.all_read_states(user_id).await;

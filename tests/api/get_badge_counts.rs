@@ -1,7 +1,7 @@
 use readstates::proto::GetBadgeCountsRequest;
+use readstates::test_support::message;
 
 use crate::helpers::spawn_app;
-use crate::message_created::message;
 
 #[tokio::test]
 async fn badge_counts_in_request_order() {

@@ -1,8 +1,8 @@
 use readstates::proto::{DeleteReadStatesRequest, GetReadStatesRequest, ReadStateKey};
+use readstates::test_support::ack;
+use readstates::test_support::message;
 
-use crate::ack::ack;
 use crate::helpers::spawn_app;
-use crate::message_created::message;
 
 fn get(user_id: u64, since_version: u64, channel_ids: &[u64]) -> GetReadStatesRequest {
     GetReadStatesRequest {

@@ -1,24 +1,7 @@
-use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::GetReadStatesRequest;
+use readstates::test_support::{ack, message};
 
-use crate::ack::ack;
 use crate::helpers::spawn_app;
-
-pub fn message(
-    channel_id: u64,
-    message_id: u64,
-    author_id: u64,
-    mentioned: &[u64],
-    unread: &[u64],
-) -> MessageCreatedRequest {
-    MessageCreatedRequest {
-        channel_id,
-        message_id,
-        author_id,
-        mentioned_user_ids: mentioned.to_vec(),
-        unread_user_ids: unread.to_vec(),
-        ..MessageCreatedRequest::default()
-    }
-}
 
 #[tokio::test]
 async fn mentions_and_unreads_count_and_the_author_is_acked() {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::test_support::ack;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -16,7 +17,6 @@ use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
 use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-use crate::ack::ack;
 use crate::helpers::{spawn_app, spawn_app_with, test_config};
 
 #[tokio::test]

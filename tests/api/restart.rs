@@ -2,11 +2,11 @@
 
 use readstates::config::StoreKind;
 use readstates::proto::ReadState;
+use readstates::test_support::ack;
+use readstates::test_support::delete;
+use readstates::test_support::message;
 
-use crate::ack::ack;
-use crate::delete_read_states::delete;
 use crate::helpers::{spawn_app_with, test_config};
-use crate::message_created::message;
 
 async fn everything(app: &mut crate::helpers::TestApp, user_id: u64) -> (u64, Vec<ReadState>) {
     let response = app.all_read_states(user_id).await;
