@@ -29,6 +29,9 @@ use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 
 /// In-flight requests get this long to finish once shutdown begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(10);
+/// `/metrics` connections get this long to finish after the final drain: a
+/// scraper that sends half a request must not keep the process from exiting.
+const METRICS_GRACE: Duration = Duration::from_secs(1);
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -180,7 +183,8 @@ impl Running {
     /// Stops in order: reports not serving, stops taking connections, gives
     /// the requests under way [`REQUEST_GRACE`], then refuses changes and
     /// writes every unwritten one (see [`WriteBehind::shutdown`]), and last
-    /// stops the metrics. The report says what could not be written.
+    /// stops the metrics ([`METRICS_GRACE`]). The report says what could not
+    /// be written.
     pub async fn stop(mut self) -> Result<ShutdownReport, BoxError> {
         tracing::info!("shutting down: no new requests; writing unwritten changes");
         self.health
@@ -210,7 +214,12 @@ impl Running {
             tracing::info!("every change written");
         }
         let _ = self.sampler.await;
-        let _ = self.metrics_server.await;
+        if tokio::time::timeout(METRICS_GRACE, &mut self.metrics_server)
+            .await
+            .is_err()
+        {
+            self.metrics_server.abort();
+        }
         server_result??;
         Ok(report)
     }

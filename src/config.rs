@@ -14,6 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::cassandra::CassandraConfig;
 
+/// The longest write delay taken: a change may wait this long in memory.
+pub const MAX_WRITE_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "readstates",
@@ -264,6 +267,12 @@ impl Config {
                 ));
             }
         }
+        if self.write_delay > MAX_WRITE_DELAY {
+            return refuse(&format!(
+                "write_delay must be at most {}: every change would wait that long for its write",
+                humantime::format_duration(MAX_WRITE_DELAY)
+            ));
+        }
         if self.shutdown_timeout.is_zero() {
             return refuse(
                 "shutdown_timeout must be above 0: shutdown would give up on every unwritten change",
@@ -449,6 +458,9 @@ mod tests {
             assert!(refused(flag, "0").contains("at least 1"), "{flag}");
         }
         assert!(refused("--shutdown-timeout", "0s").contains("give up"));
+        // Found by an adversarial review: a huge delay overflowed the clock
+        // and panicked on the first change.
+        assert!(refused("--write-delay", "9223372036854775807s").contains("at most 1day"));
         assert!(Config::default().check().is_ok());
     }
 

@@ -24,9 +24,11 @@ async fn main() -> ExitCode {
                 Ok(config) => config,
                 Err(exit) => return exit,
             };
+            // Listening before anything starts, so no SIGTERM goes unheard.
+            let stop = shutdown::signal();
             let served = Application::build(config).await;
             match served {
-                Ok(app) => match app.run_until(shutdown::signal()).await {
+                Ok(app) => match app.run_until(stop).await {
                     // The log already said what was not written.
                     Ok(report) if report.unwritten > 0 => ExitCode::FAILURE,
                     Ok(_) => ExitCode::SUCCESS,

@@ -1,27 +1,45 @@
 //! The signal that starts a graceful shutdown: SIGTERM (what orchestrators
 //! send) or Ctrl-C.
 
-/// Resolves when the process is asked to stop.
-pub async fn signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+use std::future::Future;
+
+/// Listens for SIGTERM and Ctrl-C from this call on, and resolves when one
+/// arrives. Call it before starting to serve: a signal that came before the
+/// handlers were installed would take its default action, an exit that
+/// writes nothing.
+pub fn signal() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    let terminate = async {
+    let (mut terminate, mut interrupt) = {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C received"),
-        () = terminate => tracing::info!("SIGTERM received"),
+    async move {
+        #[cfg(unix)]
+        tokio::select! {
+            () = received(interrupt.as_mut()) => tracing::info!("Ctrl-C received"),
+            () = received(terminate.as_mut()) => tracing::info!("SIGTERM received"),
+        }
+        #[cfg(not(unix))]
+        {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                tracing::info!("Ctrl-C received");
+            } else {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// Resolves when `signal` delivers; never if it could not be installed.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            signal.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }

@@ -130,3 +130,24 @@ async fn accepted_connections_have_nagle_off() {
     let accepted = incoming.next().await.unwrap().unwrap();
     assert!(accepted.nodelay().unwrap());
 }
+
+/// Found by an adversarial review: a scraper that sent half a request
+/// header to `/metrics` kept shutdown from ever finishing (the metrics
+/// listener's graceful shutdown waited for it with no limit), so the process
+/// never exited with its status.
+#[tokio::test]
+async fn a_half_sent_metrics_request_does_not_hold_up_shutdown() {
+    let app = spawn_app().await;
+    let mut scraper = TcpStream::connect(app.metrics_addr).await.unwrap();
+    scraper
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopped = tokio::time::timeout(Duration::from_secs(20), app.stop()).await;
+    assert!(
+        stopped.is_ok(),
+        "shutdown hung on a half-sent metrics request"
+    );
+    drop(scraper);
+}
