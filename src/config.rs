@@ -464,6 +464,36 @@ mod tests {
         assert!(Config::default().check().is_ok());
     }
 
+    /// Adding a setting means documenting it: the sample file and the
+    /// README's table name every flag `serve` takes.
+    #[test]
+    fn the_sample_file_and_the_readme_name_every_setting() {
+        use clap::CommandFactory;
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let sample = std::fs::read_to_string(root.join("config/readstates.toml")).unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let cli = Cli::command();
+        let serve = cli.find_subcommand("serve").unwrap();
+        let flags: Vec<&str> = serve
+            .get_arguments()
+            .filter_map(|arg| arg.get_long())
+            .filter(|flag| !matches!(*flag, "config" | "print-config"))
+            .collect();
+        assert!(flags.len() >= 20, "{flags:?}");
+        for flag in flags {
+            let key = flag.replace('-', "_");
+            let in_sample = sample.lines().any(|line| {
+                line.trim_start_matches("# ")
+                    .starts_with(&format!("{key} ="))
+            });
+            assert!(in_sample, "config/readstates.toml lacks {key}");
+            assert!(
+                readme.contains(&format!("`--{flag}`")),
+                "README lacks --{flag}"
+            );
+        }
+    }
+
     #[test]
     fn unknown_keys_are_refused() {
         assert!(toml::from_str::<Settings>("write_dealy = \"1s\"").is_err());

@@ -1,9 +1,10 @@
 //! Every bad input gets INVALID_ARGUMENT naming the field (and the limit).
 
+use readstates::grpc::validate::{
+    MAX_BADGE_USERS, MAX_BULK_ACK_ENTRIES, MAX_CHANNEL_IDS, MAX_DELETE_KEYS, MAX_MESSAGE_USERS,
+};
 use readstates::proto::*;
-use readstates::test_support::ack;
-use readstates::test_support::delete;
-use readstates::test_support::message;
+use readstates::test_support::{ack, delete, message};
 use tonic::{Code, Response, Status};
 
 use crate::helpers::spawn_app;
@@ -32,8 +33,9 @@ async fn get_read_states_refuses_bad_input() {
     };
     assert_invalid(c.get_read_states(get(0, vec![])).await, &["user_id"]);
     assert_invalid(
-        c.get_read_states(get(1, vec![1; 1_001])).await,
-        &["channel_ids", "1000"],
+        c.get_read_states(get(1, vec![1; MAX_CHANNEL_IDS + 1]))
+            .await,
+        &["channel_ids", &MAX_CHANNEL_IDS.to_string()],
     );
     assert_invalid(
         c.get_read_states(get(1, vec![1, 0])).await,
@@ -75,8 +77,9 @@ async fn bulk_ack_refuses_bad_input() {
     let bulk = |user_id, entries| BulkAckRequest { user_id, entries };
     assert_invalid(c.bulk_ack(bulk(0, vec![])).await, &["user_id"]);
     assert_invalid(
-        c.bulk_ack(bulk(1, vec![entry(1, 1); 101])).await,
-        &["entries", "100"],
+        c.bulk_ack(bulk(1, vec![entry(1, 1); MAX_BULK_ACK_ENTRIES + 1]))
+            .await,
+        &["entries", &MAX_BULK_ACK_ENTRIES.to_string()],
     );
     assert_invalid(
         c.bulk_ack(bulk(1, vec![entry(1, 1), entry(0, 1)])).await,
@@ -100,11 +103,11 @@ async fn message_created_refuses_bad_input() {
         c.message_created(message(1, 0, 0, &[1], &[])).await,
         &["message_id"],
     );
-    let too_many: Vec<u64> = (1..=5_001).collect();
+    // Over the limit only together.
+    let half: Vec<u64> = (1..=(MAX_MESSAGE_USERS / 2 + 1) as u64).collect();
     assert_invalid(
-        c.message_created(message(1, 1, 0, &too_many, &too_many))
-            .await,
-        &["10000"],
+        c.message_created(message(1, 1, 0, &half, &half)).await,
+        &[&MAX_MESSAGE_USERS.to_string()],
     );
     assert_invalid(
         c.message_created(message(1, 1, 0, &[1], &[0])).await,
@@ -137,10 +140,10 @@ async fn delete_read_states_refuses_bad_input() {
         c.delete_read_states(delete(1, &[1, 0], false)).await,
         &["keys[1].channel_id"],
     );
-    let many: Vec<u64> = (1..=1_001).collect();
+    let many: Vec<u64> = (1..=MAX_DELETE_KEYS as u64 + 1).collect();
     assert_invalid(
         c.delete_read_states(delete(1, &many, false)).await,
-        &["keys", "1000"],
+        &["keys", &MAX_DELETE_KEYS.to_string()],
     );
 }
 
@@ -150,8 +153,9 @@ async fn get_badge_counts_refuses_bad_input() {
     let c = &mut app.client;
     let badges = |user_ids| GetBadgeCountsRequest { user_ids };
     assert_invalid(
-        c.get_badge_counts(badges(vec![1; 1_001])).await,
-        &["user_ids", "1000"],
+        c.get_badge_counts(badges(vec![1; MAX_BADGE_USERS + 1]))
+            .await,
+        &["user_ids", &MAX_BADGE_USERS.to_string()],
     );
     assert_invalid(c.get_badge_counts(badges(vec![0])).await, &["user_ids[0]"]);
 }
