@@ -353,25 +353,10 @@ async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> 
             Observed::Count(response.into_inner().updated, 0)
         }
         Op::Delete { user, keys } => {
-            let request = DeleteReadStatesRequest {
-                user_id: *user,
-                keys: keys.iter().map(key_proto).collect(),
-                all: false,
-            };
-            let response = service.delete_read_states(Request::new(request)).await?;
-            let response = response.into_inner();
-            Observed::Count(response.deleted, response.version)
+            let keys = keys.iter().map(key_proto).collect();
+            delete(service, *user, keys, false).await?
         }
-        Op::DeleteAll { user } => {
-            let request = DeleteReadStatesRequest {
-                user_id: *user,
-                keys: vec![],
-                all: true,
-            };
-            let response = service.delete_read_states(Request::new(request)).await?;
-            let response = response.into_inner();
-            Observed::Count(response.deleted, response.version)
-        }
+        Op::DeleteAll { user } => delete(service, *user, vec![], true).await?,
         Op::Read { user } => {
             let request = GetReadStatesRequest {
                 user_id: *user,
@@ -400,6 +385,18 @@ async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> 
             )
         }
     })
+}
+
+async fn delete(
+    service: &ReadStatesService,
+    user_id: u64,
+    keys: Vec<ReadStateKey>,
+    all: bool,
+) -> Result<Observed, Status> {
+    let request = DeleteReadStatesRequest { user_id, keys, all };
+    let response = service.delete_read_states(Request::new(request)).await?;
+    let response = response.into_inner();
+    Ok(Observed::Count(response.deleted, response.version))
 }
 
 #[derive(Debug)]

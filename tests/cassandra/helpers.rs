@@ -153,17 +153,17 @@ impl Server {
 
     /// SIGKILL, as a crash: nothing is written on the way out.
     pub fn crash(&self) {
-        let status = Command::new("kill")
-            .args(["-KILL", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        self.signal("KILL");
     }
 
-    /// SIGTERM without waiting: the exit comes from [`Server::wait`].
+    /// SIGTERM without waiting: the exit comes from [`Server::wait_for_exit`].
     pub fn signal_terminate(&self) {
+        self.signal("TERM");
+    }
+
+    fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("kill");
         assert!(status.success());
@@ -179,11 +179,7 @@ impl Server {
 
     /// SIGTERM, as an orchestrator stops it; waits for the exit.
     pub fn terminate(mut self) -> ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
+        self.signal_terminate();
         self.child.wait().expect("wait")
     }
 }
