@@ -426,7 +426,7 @@ async fn changes_after_shutdown_began_are_refused_unapplied() {
 /// evicted another unwritten user, whose write then waited for its delay
 /// because nobody woke the writer.
 #[tokio::test(start_paused = true)]
-async fn a_read_that_evicts_an_unwritten_user_wakes_the_flusher() {
+async fn a_read_that_evicts_an_unwritten_user_wakes_the_writer() {
     let store = Arc::new(FaultyStore::memory());
     store.inject(Fault::new(Operation::Write, Effect::Hang));
     let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
