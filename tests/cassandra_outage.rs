@@ -15,9 +15,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use readstates::proto::{AckRequest, GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
 use readstates::store::Store;
 use readstates::store::cassandra::CassandraStore;
+use readstates::test_support::ack;
 use tonic::Code;
 
 use helpers::{Server, config, eventually, fresh_users, store_at};
@@ -44,15 +45,6 @@ impl OwnCassandra {
 impl Drop for OwnCassandra {
     fn drop(&mut self) {
         OwnCassandra::run("stop");
-    }
-}
-
-fn ack(user_id: u64, channel_id: u64, message_id: u64) -> AckRequest {
-    AckRequest {
-        user_id,
-        channel_id,
-        message_id,
-        ..AckRequest::default()
     }
 }
 

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use readstates::proto::{AckRequest, MessageCreatedRequest};
+use readstates::proto::MessageCreatedRequest;
 use readstates::store::Store;
 use readstates::store::cassandra::CassandraStore;
+use readstates::test_support::ack;
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -49,13 +50,8 @@ async fn load(server: &Server, first: u64, stop: Arc<AtomicU64>) -> Ledger {
                 let sent = Instant::now();
                 if rng.u32(0..4) > 0 {
                     let (user_id, channel_id) = (first + rng.u64(0..USERS), rng.u64(1..=CHANNELS));
-                    let ack = AckRequest {
-                        user_id,
-                        channel_id,
-                        message_id,
-                        ..AckRequest::default()
-                    };
-                    match client.ack(ack).await {
+                    let request = ack(user_id, channel_id, message_id);
+                    match client.ack(request).await {
                         Ok(response) if response.get_ref().applied => {
                             let mut ledger = ledger.lock().unwrap();
                             let acks = ledger.acks.entry((user_id, channel_id)).or_default();

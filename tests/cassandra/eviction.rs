@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use readstates::proto::{AckRequest, GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
 use readstates::store::Store;
+use readstates::test_support::ack;
 
 use crate::helpers::{Server, eventually, fresh_users, nodes, store};
 
@@ -28,13 +29,8 @@ async fn evicted_users_are_written_and_reload_with_every_change() {
     let first = fresh_users(USERS);
     for round in 1..=3u64 {
         for user_id in first..first + USERS {
-            let ack = AckRequest {
-                user_id,
-                channel_id: 10,
-                message_id: round * 100,
-                ..AckRequest::default()
-            };
-            client.ack(ack).await.unwrap();
+            let request = ack(user_id, 10, round * 100);
+            client.ack(request).await.unwrap();
             let message = MessageCreatedRequest {
                 channel_id: 11,
                 message_id: round * 100 + 1,

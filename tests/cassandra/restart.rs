@@ -3,9 +3,9 @@
 
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::{
-    AckRequest, DeleteReadStatesRequest, GetReadStatesRequest, MessageCreatedRequest, ReadState,
-    ReadStateKey,
+    DeleteReadStatesRequest, GetReadStatesRequest, MessageCreatedRequest, ReadState, ReadStateKey,
 };
+use readstates::test_support::ack;
 use tonic::transport::Channel;
 
 use crate::helpers::{Server, fresh_users, nodes, store};
@@ -37,13 +37,8 @@ async fn a_restart_loses_nothing() {
     let mut client = server.client().await;
     for user_id in first..first + USERS {
         for channel_id in [10, 11, 12] {
-            let ack = AckRequest {
-                user_id,
-                channel_id,
-                message_id: channel_id * 100,
-                ..AckRequest::default()
-            };
-            client.ack(ack).await.unwrap();
+            let request = ack(user_id, channel_id, channel_id * 100);
+            client.ack(request).await.unwrap();
         }
     }
     let users: Vec<u64> = (first..first + USERS).collect();
@@ -89,13 +84,8 @@ async fn a_restart_loses_nothing() {
     }
     assert_eq!(before[0].1.len(), 2, "the deleted read state stays deleted");
     assert!(before[1].1.is_empty(), "the wiped user stays wiped");
-    let ack = AckRequest {
-        user_id: first + 1,
-        channel_id: 99,
-        message_id: 1,
-        ..AckRequest::default()
-    };
-    let next = client.ack(ack).await.unwrap().into_inner();
+    let request = ack(first + 1, 99, 1);
+    let next = client.ack(request).await.unwrap().into_inner();
     assert!(
         next.version > before[1].0,
         "a new change gets a higher version"

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use readstates::proto::{AckRequest, DeleteReadStatesRequest, MessageCreatedRequest, ReadStateKey};
+use readstates::proto::{DeleteReadStatesRequest, MessageCreatedRequest, ReadStateKey};
 use readstates::store::Store;
+use readstates::test_support::ack;
 
 use crate::helpers::{Server, eventually, fresh_users, nodes, store};
 
@@ -15,13 +16,8 @@ async fn changes_reach_cassandra_after_the_write_delay() {
     let user = fresh_users(2);
     let other = user + 1;
 
-    let ack = AckRequest {
-        user_id: user,
-        channel_id: 10,
-        message_id: 100,
-        ..AckRequest::default()
-    };
-    client.ack(ack).await.unwrap();
+    let request = ack(user, 10, 100);
+    client.ack(request).await.unwrap();
     let message = MessageCreatedRequest {
         channel_id: 11,
         message_id: 200,
