@@ -1,9 +1,11 @@
 //! Configuration, layered: built-in defaults, then a TOML file (`--config`),
 //! then environment variables (`READSTATES_<FLAG>`), then flags.
 //!
-//! One struct, [`Settings`], is both the command-line flags and the file's
-//! keys, every field optional; [`Config`] is the result with every field
-//! resolved. `config/readstates.toml` documents every key.
+//! Each setting is listed once, in the `settings!` block below: its doc,
+//! flag, environment variable, type and default. From it come [`Settings`]
+//! (the flags and the file's keys, every field optional) and [`Config`] (every
+//! field resolved). `config/readstates.toml` and the README's table document
+//! every key, and a test checks that they name them all.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -124,32 +126,83 @@ pub enum LogFormat {
     Json,
 }
 
-/// Every setting, each optional: flags, environment and file alike.
-#[derive(Clone, Debug, Default, Args, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Settings {
+/// Declares every setting once: its flag, environment variable and file
+/// key (through the attributes, on [`Settings`]), its type and its default.
+/// From that list come [`Settings`] (each setting optional: flags,
+/// environment and file alike), [`Config`] (each one resolved), the layering
+/// and the printing of the configuration.
+macro_rules! settings {
+    ($(
+        $(#[$attribute:meta])*
+        $name:ident: $type:ty = $default:expr;
+    )*) => {
+        /// Every setting, each optional: flags, environment and file alike.
+        #[derive(Clone, Debug, Default, Args, Deserialize, Serialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct Settings {
+            $(
+                $(#[$attribute])*
+                #[serde(skip_serializing_if = "Option::is_none")]
+                pub $name: Option<$type>,
+            )*
+        }
+
+        /// The resolved configuration: every setting given or defaulted.
+        #[derive(Clone, Debug)]
+        pub struct Config {
+            $(pub $name: $type,)*
+        }
+
+        impl Settings {
+            /// Each setting of `self`, or else of `other`.
+            fn or(self, other: Settings) -> Settings {
+                Settings {
+                    $($name: self.$name.or(other.$name),)*
+                }
+            }
+        }
+
+        impl Config {
+            /// Each setting of `s`, or else its default.
+            pub fn resolve(s: Settings) -> Config {
+                Config {
+                    $($name: s.$name.unwrap_or_else(|| $default),)*
+                }
+            }
+
+            /// Every setting given, for printing.
+            fn to_settings(&self) -> Settings {
+                Settings {
+                    $($name: Some(self.$name.clone()),)*
+                }
+            }
+        }
+    };
+}
+
+settings! {
     /// gRPC listen address.
     #[arg(long, env = "READSTATES_LISTEN")]
-    pub listen: Option<SocketAddr>,
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 50051));
     /// Prometheus `/metrics` listen address.
     #[arg(long, env = "READSTATES_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
+    metrics_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9090));
     #[arg(long, env = "READSTATES_STORE")]
-    pub store: Option<StoreKind>,
+    store: StoreKind = StoreKind::Embedded;
     /// Where the embedded store keeps its file.
     #[arg(long, env = "READSTATES_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
+    data_dir: PathBuf = PathBuf::from("./data");
     /// How long after a change its write starts; changes within it coalesce.
     /// `0s` is write-through: each change is written before it is answered.
     #[arg(long, env = "READSTATES_WRITE_DELAY", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
-    pub write_delay: Option<Duration>,
+    write_delay: Duration = Duration::from_secs(30);
     /// Read states held in memory, over all shards.
     #[arg(long, env = "READSTATES_CACHE_CAPACITY")]
-    pub cache_capacity: Option<usize>,
+    cache_capacity: usize = 10_000_000;
     /// Cache shards, each behind its own lock.
     #[arg(long, env = "READSTATES_SHARDS")]
-    pub shards: Option<usize>,
+    shards: usize = 64;
     /// Store writes under way at once (write-behind's and write-through's).
     /// Formerly `flush_concurrency`, still accepted.
     #[arg(
@@ -158,71 +211,43 @@ pub struct Settings {
         env = "READSTATES_WRITE_CONCURRENCY"
     )]
     #[serde(alias = "flush_concurrency")]
-    pub write_concurrency: Option<usize>,
+    write_concurrency: usize = 32;
     /// Read states evicted from the cache before the store took them, beyond
     /// which changes get UNAVAILABLE (memory bound for a failing store).
     #[arg(long, env = "READSTATES_MAX_UNWRITTEN")]
-    pub max_evicted_unwritten: Option<usize>,
+    max_evicted_unwritten: usize = 2_000_000;
     /// Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "READSTATES_MAX_CONCURRENT_REQUESTS")]
-    pub max_concurrent_requests: Option<usize>,
+    max_concurrent_requests: usize = 10_000;
     /// How long shutdown keeps trying to write unwritten changes.
     #[arg(long, env = "READSTATES_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
-    pub shutdown_timeout: Option<Duration>,
+    shutdown_timeout: Duration = Duration::from_secs(30);
     #[arg(long, env = "READSTATES_LOG_FORMAT")]
-    pub log_format: Option<LogFormat>,
+    log_format: LogFormat = LogFormat::Text;
     /// A tracing filter, e.g. `info` or `readstates=debug` (RUST_LOG wins).
     #[arg(long, env = "READSTATES_LOG_LEVEL")]
-    pub log_level: Option<String>,
+    log_level: String = "info".to_owned();
     /// Cassandra/ScyllaDB contact points, comma-separated `host:port`.
     #[arg(long, env = "READSTATES_CASSANDRA_NODES", value_delimiter = ',')]
-    pub cassandra_nodes: Option<Vec<String>>,
+    cassandra_nodes: Vec<String> = vec!["127.0.0.1:9042".to_owned()];
     #[arg(long, env = "READSTATES_KEYSPACE")]
-    pub keyspace: Option<String>,
+    keyspace: String = "readstates".to_owned();
     #[arg(long, env = "READSTATES_CASSANDRA_USERNAME")]
-    pub cassandra_username: Option<String>,
+    cassandra_username: Option<String> = None;
     #[arg(long, env = "READSTATES_CASSANDRA_PASSWORD", hide_env_values = true)]
-    pub cassandra_password: Option<Secret>,
+    cassandra_password: Option<Secret> = None;
     #[arg(long, env = "READSTATES_CONSISTENCY")]
-    pub consistency: Option<Consistency>,
+    consistency: Consistency = Consistency::LocalQuorum;
     /// Send requests to this datacenter's nodes only.
     #[arg(long, env = "READSTATES_CASSANDRA_DATACENTER")]
-    pub cassandra_datacenter: Option<String>,
+    cassandra_datacenter: Option<String> = None;
     /// The keyspace's replication, as a CQL map (used by `migrate`).
     #[arg(long, env = "READSTATES_CASSANDRA_REPLICATION")]
-    pub cassandra_replication: Option<String>,
+    cassandra_replication: String = "{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned();
     /// Apply the schema at startup, as `readstates migrate` does.
     #[arg(long, env = "READSTATES_INIT_SCHEMA", num_args = 0..=1, default_missing_value = "true")]
-    pub init_schema: Option<bool>,
-}
-
-/// The resolved configuration.
-#[derive(Clone, Debug, Serialize)]
-pub struct Config {
-    pub listen: SocketAddr,
-    pub metrics_listen: SocketAddr,
-    pub store: StoreKind,
-    pub data_dir: PathBuf,
-    #[serde(with = "humantime_serde")]
-    pub write_delay: Duration,
-    pub cache_capacity: usize,
-    pub shards: usize,
-    pub write_concurrency: usize,
-    pub max_evicted_unwritten: usize,
-    pub max_concurrent_requests: usize,
-    #[serde(with = "humantime_serde")]
-    pub shutdown_timeout: Duration,
-    pub log_format: LogFormat,
-    pub log_level: String,
-    pub cassandra_nodes: Vec<String>,
-    pub keyspace: String,
-    pub cassandra_username: Option<String>,
-    pub cassandra_password: Option<Secret>,
-    pub consistency: Consistency,
-    pub cassandra_datacenter: Option<String>,
-    pub cassandra_replication: String,
-    pub init_schema: bool,
+    init_schema: bool = false;
 }
 
 impl Default for Config {
@@ -281,40 +306,6 @@ impl Config {
         Ok(())
     }
 
-    pub fn resolve(s: Settings) -> Config {
-        Config {
-            listen: s
-                .listen
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 50051))),
-            metrics_listen: s
-                .metrics_listen
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 9090))),
-            store: s.store.unwrap_or(StoreKind::Embedded),
-            data_dir: s.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
-            write_delay: s.write_delay.unwrap_or(Duration::from_secs(30)),
-            cache_capacity: s.cache_capacity.unwrap_or(10_000_000),
-            shards: s.shards.unwrap_or(64),
-            write_concurrency: s.write_concurrency.unwrap_or(32),
-            max_evicted_unwritten: s.max_evicted_unwritten.unwrap_or(2_000_000),
-            max_concurrent_requests: s.max_concurrent_requests.unwrap_or(10_000),
-            shutdown_timeout: s.shutdown_timeout.unwrap_or(Duration::from_secs(30)),
-            log_format: s.log_format.unwrap_or(LogFormat::Text),
-            log_level: s.log_level.unwrap_or_else(|| "info".to_owned()),
-            cassandra_nodes: s
-                .cassandra_nodes
-                .unwrap_or_else(|| vec!["127.0.0.1:9042".to_owned()]),
-            keyspace: s.keyspace.unwrap_or_else(|| "readstates".to_owned()),
-            cassandra_username: s.cassandra_username,
-            cassandra_password: s.cassandra_password,
-            consistency: s.consistency.unwrap_or(Consistency::LocalQuorum),
-            cassandra_datacenter: s.cassandra_datacenter,
-            cassandra_replication: s.cassandra_replication.unwrap_or_else(|| {
-                "{'class': 'SimpleStrategy', 'replication_factor': 1}".to_owned()
-            }),
-            init_schema: s.init_schema.unwrap_or(false),
-        }
-    }
-
     /// The Cassandra part, as the store takes it.
     pub fn cassandra(&self) -> CassandraConfig {
         CassandraConfig {
@@ -332,7 +323,7 @@ impl Config {
     }
 
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self)
+        toml::to_string_pretty(&self.to_settings())
             .unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
     }
 }
@@ -342,35 +333,6 @@ impl Settings {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
         toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))
-    }
-
-    /// Each setting of `self`, or else of `other`.
-    fn or(self, other: Settings) -> Settings {
-        Settings {
-            listen: self.listen.or(other.listen),
-            metrics_listen: self.metrics_listen.or(other.metrics_listen),
-            store: self.store.or(other.store),
-            data_dir: self.data_dir.or(other.data_dir),
-            write_delay: self.write_delay.or(other.write_delay),
-            cache_capacity: self.cache_capacity.or(other.cache_capacity),
-            shards: self.shards.or(other.shards),
-            write_concurrency: self.write_concurrency.or(other.write_concurrency),
-            max_evicted_unwritten: self.max_evicted_unwritten.or(other.max_evicted_unwritten),
-            max_concurrent_requests: self
-                .max_concurrent_requests
-                .or(other.max_concurrent_requests),
-            shutdown_timeout: self.shutdown_timeout.or(other.shutdown_timeout),
-            log_format: self.log_format.or(other.log_format),
-            log_level: self.log_level.or(other.log_level),
-            cassandra_nodes: self.cassandra_nodes.or(other.cassandra_nodes),
-            keyspace: self.keyspace.or(other.keyspace),
-            cassandra_username: self.cassandra_username.or(other.cassandra_username),
-            cassandra_password: self.cassandra_password.or(other.cassandra_password),
-            consistency: self.consistency.or(other.consistency),
-            cassandra_datacenter: self.cassandra_datacenter.or(other.cassandra_datacenter),
-            cassandra_replication: self.cassandra_replication.or(other.cassandra_replication),
-            init_schema: self.init_schema.or(other.init_schema),
-        }
     }
 }
 
