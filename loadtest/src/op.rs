@@ -37,24 +37,50 @@ pub enum Op {
     },
 }
 
-/// The kinds, in report order.
-pub const KINDS: [&str; 5] = [
-    "GetReadStates",
-    "Ack",
-    "BulkAck",
-    "MessageCreated",
-    "GetBadgeCounts",
-];
+/// What kind of RPC an operation is; the order is the report's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    GetReadStates,
+    Ack,
+    BulkAck,
+    MessageCreated,
+    GetBadgeCounts,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 5] = [
+        OpKind::GetReadStates,
+        OpKind::Ack,
+        OpKind::BulkAck,
+        OpKind::MessageCreated,
+        OpKind::GetBadgeCounts,
+    ];
+
+    /// The RPC's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::GetReadStates => "GetReadStates",
+            OpKind::Ack => "Ack",
+            OpKind::BulkAck => "BulkAck",
+            OpKind::MessageCreated => "MessageCreated",
+            OpKind::GetBadgeCounts => "GetBadgeCounts",
+        }
+    }
+
+    /// Its place in [`OpKind::ALL`], for per-kind tables.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
 
 impl Op {
-    /// Index into [`KINDS`].
-    pub fn kind(&self) -> usize {
+    pub fn kind(&self) -> OpKind {
         match self {
-            Op::GetReadStates { .. } => 0,
-            Op::Ack { .. } => 1,
-            Op::BulkAck { .. } => 2,
-            Op::MessageCreated { .. } => 3,
-            Op::GetBadgeCounts { .. } => 4,
+            Op::GetReadStates { .. } => OpKind::GetReadStates,
+            Op::Ack { .. } => OpKind::Ack,
+            Op::BulkAck { .. } => OpKind::BulkAck,
+            Op::MessageCreated { .. } => OpKind::MessageCreated,
+            Op::GetBadgeCounts { .. } => OpKind::GetBadgeCounts,
         }
     }
 
@@ -103,7 +129,7 @@ impl Default for MessageIds {
 pub struct Generator {
     workload: Arc<Workload>,
     keys: KeySampler,
-    /// Cumulative mix weights, in [`KINDS`] order.
+    /// Cumulative mix weights, in [`OpKind::ALL`] order.
     cumulative: [u32; 5],
     message_ids: MessageIds,
 }
@@ -137,14 +163,14 @@ impl Generator {
         let pick = rng.random_range(0..self.cumulative[4]);
         let kind = self.cumulative.iter().position(|&c| pick < c).unwrap_or(0);
         let user_id = self.keys.user(rng);
-        match kind {
-            0 => Op::GetReadStates { user_id },
-            1 => Op::Ack {
+        match OpKind::ALL[kind] {
+            OpKind::GetReadStates => Op::GetReadStates { user_id },
+            OpKind::Ack => Op::Ack {
                 user_id,
                 channel_id: self.random_channel(user_id, rng),
                 message_id: self.message_ids.current(),
             },
-            2 => {
+            OpKind::BulkAck => {
                 let n = self
                     .workload
                     .bulk_ack
@@ -161,8 +187,8 @@ impl Generator {
                 .collect();
                 Op::BulkAck { user_id, entries }
             }
-            3 => self.message(user_id, rng),
-            _ => Op::GetBadgeCounts {
+            OpKind::MessageCreated => self.message(user_id, rng),
+            OpKind::GetBadgeCounts => Op::GetBadgeCounts {
                 user_ids: (0..self.workload.badge_counts.users)
                     .map(|_| self.keys.user(rng))
                     .collect(),
@@ -269,7 +295,7 @@ mod tests {
         let mut kinds = [0; 5];
         for _ in 0..5_000 {
             let op = generator.next(&mut rng);
-            kinds[op.kind()] += 1;
+            kinds[op.kind().index()] += 1;
             match &op {
                 Op::MessageCreated {
                     channel_id,

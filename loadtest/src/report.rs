@@ -7,7 +7,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::op::KINDS;
+use crate::op::OpKind;
 use crate::stats::{Stats, Window};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -83,8 +83,9 @@ impl Report {
         stats: &Stats,
     ) -> Report {
         let overall = stats.overall();
-        let ops = KINDS
+        let ops = OpKind::ALL
             .iter()
+            .map(|kind| kind.name())
             .zip(&stats.kinds)
             .filter(|(_, k)| !k.latency.is_empty() || !k.errors.is_empty())
             .map(|(name, k)| {
@@ -205,11 +206,21 @@ mod tests {
         for second in 1..=5u64 {
             for i in 0..100u64 {
                 let us = if second == 3 { 10_000 } else { 100 + i };
-                stats.record((i % 2) as usize, Duration::from_micros(us), &Ok(()), 1);
+                stats.record(
+                    OpKind::ALL[(i % 2) as usize],
+                    Duration::from_micros(us),
+                    &Ok(()),
+                    1,
+                );
             }
             stats.close_window();
         }
-        stats.record(3, Duration::from_micros(5), &Err("Unavailable".into()), 3);
+        stats.record(
+            OpKind::MessageCreated,
+            Duration::from_micros(5),
+            &Err("Unavailable".into()),
+            3,
+        );
         let report = Report::new(
             "t",
             "grpc://x",

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-use crate::op::KINDS;
+use crate::op::OpKind;
 
 /// Latencies are recorded in microseconds, from 1 µs to 100 s, at 3
 /// significant digits.
@@ -56,7 +56,7 @@ pub struct Stats {
 impl Default for Stats {
     fn default() -> Self {
         Stats {
-            kinds: (0..KINDS.len()).map(|_| KindStats::default()).collect(),
+            kinds: OpKind::ALL.iter().map(|_| KindStats::default()).collect(),
             windows: Vec::new(),
             window: histogram(),
             window_errors: 0,
@@ -69,7 +69,7 @@ impl Stats {
     /// One request of `kind` ended after `latency` (from its due time).
     pub fn record(
         &mut self,
-        kind: usize,
+        kind: OpKind,
         latency: Duration,
         result: &Result<(), String>,
         changes: u64,
@@ -77,12 +77,15 @@ impl Stats {
         match result {
             Ok(()) => {
                 let us = (latency.as_micros() as u64).max(1);
-                self.kinds[kind].latency.saturating_record(us);
+                self.kinds[kind.index()].latency.saturating_record(us);
                 self.window.saturating_record(us);
                 self.changes += changes;
             }
             Err(code) => {
-                *self.kinds[kind].errors.entry(code.clone()).or_insert(0) += 1;
+                *self.kinds[kind.index()]
+                    .errors
+                    .entry(code.clone())
+                    .or_insert(0) += 1;
                 self.window_errors += 1;
             }
         }
@@ -152,11 +155,11 @@ mod tests {
         let mut a = Stats::default();
         let mut b = Stats::default();
         for i in 1..=100 {
-            a.record(0, ms(i), &Ok(()), 0);
-            b.record(0, ms(100 + i), &Ok(()), 1);
+            a.record(OpKind::GetReadStates, ms(i), &Ok(()), 0);
+            b.record(OpKind::GetReadStates, ms(100 + i), &Ok(()), 1);
         }
-        b.record(1, ms(1), &Err("Unavailable".into()), 1);
-        a.record(1, ms(1), &Err("Unavailable".into()), 1);
+        b.record(OpKind::Ack, ms(1), &Err("Unavailable".into()), 1);
+        a.record(OpKind::Ack, ms(1), &Err("Unavailable".into()), 1);
         a.merge(&b);
         assert_eq!(a.requests(), 202);
         assert_eq!(a.errors(), 2);
@@ -173,10 +176,15 @@ mod tests {
     fn windows_are_per_second_and_start_afresh() {
         let mut stats = Stats::default();
         for _ in 0..999 {
-            stats.record(0, Duration::from_micros(100), &Ok(()), 0);
+            stats.record(
+                OpKind::GetReadStates,
+                Duration::from_micros(100),
+                &Ok(()),
+                0,
+            );
         }
-        stats.record(0, ms(50), &Ok(()), 0);
-        stats.record(0, ms(1), &Err("Internal".into()), 0);
+        stats.record(OpKind::GetReadStates, ms(50), &Ok(()), 0);
+        stats.record(OpKind::GetReadStates, ms(1), &Err("Internal".into()), 0);
         let first = stats.close_window();
         assert_eq!((first.second, first.requests, first.errors), (1, 1_001, 1));
         assert!(first.p50_us >= 99 && first.p50_us <= 101);
