@@ -66,26 +66,61 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1_000.0
 }
 
+/// What `loadtest run` does with a workload.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// `[name=]grpc://host:port[,metrics=host:port]` or `redis://host:port`.
+    #[arg(long)]
+    pub target: NamedTarget,
+    /// Open-loop requests per second; 0 for a closed loop (default: the workload's).
+    #[arg(long)]
+    pub rate: Option<u64>,
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write the p99.9-per-second chart (SVG) here.
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+}
+
+/// What `loadtest sweep` does with a workload.
+#[derive(Clone, Debug, clap::Args)]
+pub struct SweepArgs {
+    #[arg(long = "target", required = true)]
+    pub targets: Vec<NamedTarget>,
+    /// The first rate, per second.
+    #[arg(long, default_value_t = 1_000)]
+    pub start: u64,
+    /// Each rate is the last times this.
+    #[arg(long, default_value_t = 1.5)]
+    pub factor: f64,
+    /// No rate above this.
+    #[arg(long, default_value_t = 200_000)]
+    pub max: u64,
+    /// How long each rate runs.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub step: Duration,
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    #[arg(long)]
+    pub chart: Option<PathBuf>,
+}
+
 /// `loadtest run`: one measured run; the report as a table, JSON and an
 /// over-time chart.
-pub async fn run(
-    workload: Workload,
-    target: NamedTarget,
-    rate: Option<u64>,
-    duration: Option<Duration>,
-    report_path: Option<PathBuf>,
-    chart_path: Option<PathBuf>,
-) -> Result<Report, String> {
+pub async fn run(workload: Workload, args: RunArgs) -> Result<Report, String> {
     let workload = Arc::new(workload);
-    let rate = rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
-    let duration = duration.unwrap_or(workload.load.duration);
-    let session = Session::start(session_config(&workload, &target)).await?;
+    let rate = args.rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
+    let duration = args.duration.unwrap_or(workload.load.duration);
+    let session = Session::start(session_config(&workload, &args.target)).await?;
     let report = session.measure(rate, duration, true).await?;
     println!("{}", report.table());
-    if let Some(path) = report_path {
+    if let Some(path) = args.report {
         write_json(&path, &report)?;
     }
-    if let Some(path) = chart_path {
+    if let Some(path) = args.chart {
         let points = report
             .timeline
             .iter()
@@ -99,15 +134,10 @@ pub async fn run(
 
 /// `loadtest sweep`: steps each target's rate up to saturation; one chart
 /// of p99.9 against throughput with a line per target.
-pub async fn sweep(
-    workload: Workload,
-    targets: Vec<NamedTarget>,
-    rates: Vec<u64>,
-    step: Duration,
-    report_path: Option<PathBuf>,
-    chart_path: Option<PathBuf>,
-) -> Result<Vec<Vec<Report>>, String> {
+pub async fn sweep(workload: Workload, args: SweepArgs) -> Result<Vec<Vec<Report>>, String> {
     let workload = Arc::new(workload);
+    let rates = sweep::rates(args.start, args.factor, args.max);
+    let (targets, step) = (args.targets, args.step);
     let mut all = Vec::new();
     for target in &targets {
         eprintln!("sweep of {} ({})", target.name, target.url);
@@ -116,10 +146,10 @@ pub async fn sweep(
         let session = Session::start(config).await?;
         all.push(sweep::run(&session, &rates, step).await?);
     }
-    if let Some(path) = report_path {
+    if let Some(path) = args.report {
         write_json(&path, &all)?;
     }
-    if let Some(path) = chart_path {
+    if let Some(path) = args.chart {
         let series: Vec<chart::Series> = all
             .iter()
             .zip(&targets)

@@ -10,11 +10,10 @@ use std::process::ExitCode;
 /// and readstates are measured on equal terms.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use loadtest::commands::{self, NamedTarget};
-use loadtest::{baseline, sweep, workload::Workload};
+use loadtest::commands::{self, RunArgs, SweepArgs};
+use loadtest::{baseline, workload::Workload};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,43 +31,18 @@ enum Command {
     Run {
         #[arg(long)]
         workload: PathBuf,
-        /// `[name=]grpc://host:port[,metrics=host:port]` or `redis://host:port`.
-        #[arg(long)]
-        target: NamedTarget,
-        /// Open-loop requests per second; 0 for a closed loop (default: the workload's).
-        #[arg(long)]
-        rate: Option<u64>,
-        #[arg(long, value_parser = humantime::parse_duration)]
-        duration: Option<Duration>,
-        /// Write the JSON report here.
-        #[arg(long)]
-        report: Option<PathBuf>,
-        /// Write the p99.9-per-second chart (SVG) here.
-        #[arg(long)]
-        chart: Option<PathBuf>,
         /// Skip the workload's preload (the target already holds the data).
         #[arg(long)]
         skip_preload: bool,
+        #[command(flatten)]
+        args: RunArgs,
     },
     /// Steps the rate up to saturation for each target; one chart for all.
     Sweep {
         #[arg(long)]
         workload: PathBuf,
-        #[arg(long = "target", required = true)]
-        targets: Vec<NamedTarget>,
-        #[arg(long, default_value_t = 1_000)]
-        start: u64,
-        #[arg(long, default_value_t = 1.5)]
-        factor: f64,
-        #[arg(long, default_value_t = 200_000)]
-        max: u64,
-        /// How long each rate runs.
-        #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
-        step: Duration,
-        #[arg(long)]
-        report: Option<PathBuf>,
-        #[arg(long)]
-        chart: Option<PathBuf>,
+        #[command(flatten)]
+        args: SweepArgs,
     },
     /// A Markdown table of the run reports (`*.json`) in a directory.
     Summary { dir: PathBuf },
@@ -87,37 +61,17 @@ async fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Run {
             workload,
-            target,
-            rate,
-            duration,
-            report,
-            chart,
             skip_preload,
+            args,
         } => match Workload::from_file(&workload) {
             Ok(mut workload) => {
                 workload.load.preload &= !skip_preload;
-                commands::run(workload, target, rate, duration, report, chart)
-                    .await
-                    .map(drop)
+                commands::run(workload, args).await.map(drop)
             }
             Err(e) => Err(e),
         },
-        Command::Sweep {
-            workload,
-            targets,
-            start,
-            factor,
-            max,
-            step,
-            report,
-            chart,
-        } => match Workload::from_file(&workload) {
-            Ok(workload) => {
-                let rates = sweep::rates(start, factor, max);
-                commands::sweep(workload, targets, rates, step, report, chart)
-                    .await
-                    .map(drop)
-            }
+        Command::Sweep { workload, args } => match Workload::from_file(&workload) {
+            Ok(workload) => commands::sweep(workload, args).await.map(drop),
             Err(e) => Err(e),
         },
         Command::Summary { dir } => commands::summary(&dir).map(|table| print!("{table}")),

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use loadtest::baseline;
-use loadtest::commands::{self, NamedTarget};
+use loadtest::commands::{self, NamedTarget, RunArgs};
 use loadtest::report::Report;
 use loadtest::workload::Workload;
 use readstates::app::Application;
@@ -48,16 +48,14 @@ async fn closed_loop_against_readstates_writes_a_report_and_a_chart() {
         dir.path().join("report.json"),
         dir.path().join("over-time.svg"),
     );
-    let report = commands::run(
-        workload(),
+    let args = RunArgs {
         target,
-        Some(0),
-        None,
-        Some(report_path.clone()),
-        Some(chart_path.clone()),
-    )
-    .await
-    .unwrap();
+        rate: Some(0),
+        duration: None,
+        report: Some(report_path.clone()),
+        chart: Some(chart_path.clone()),
+    };
+    let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "closed");
     assert!(report.requests > 100, "{}", report.table());
     assert_eq!(report.errors, 0, "{}", report.table());
@@ -91,16 +89,14 @@ async fn open_loop_holds_its_rate_against_the_baseline() {
         url,
         metrics: None,
     };
-    let report = commands::run(
-        workload(),
+    let args = RunArgs {
         target,
-        Some(400),
-        Some(Duration::from_secs(2)),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+        rate: Some(400),
+        duration: Some(Duration::from_secs(2)),
+        report: None,
+        chart: None,
+    };
+    let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "open");
     assert_eq!(report.errors, 0, "{}", report.table());
     // 400/s for 2 s, all of it answered.
