@@ -4,12 +4,14 @@
 //!
 //! Each test starts the real `readstates` binary (so that it can be sent
 //! SIGTERM and its metrics are its own) and uses user ids of its own, so tests
-//! run side by side in one keyspace.
+//! run side by side in one keyspace. The outage test stops Cassandra, so it
+//! runs one of its own on another port.
 
 mod coalescing;
 mod durability;
 mod eviction;
 mod helpers;
+mod outage;
 mod restart;
 mod round_trip;
 mod store;

@@ -6,11 +6,6 @@
 //! directory, through `scripts/cassandra.sh`) rather than disturb the one the
 //! other tests share.
 
-// Shared with tests/cassandra, which uses the helpers this test does not.
-#[allow(dead_code)]
-#[path = "cassandra/helpers.rs"]
-mod helpers;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -21,7 +16,7 @@ use readstates::store::cassandra::CassandraStore;
 use readstates::test_support::ack;
 use tonic::Code;
 
-use helpers::{Server, config, eventually, fresh_users, store_at};
+use crate::helpers::{Server, config, eventually, fresh_users, store_at};
 
 const PORT: &str = "19142";
 const NODES: &str = "127.0.0.1:19142";
