@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 
+use anyhow::Context;
 use readstates::proto::read_states_server::{ReadStates, ReadStatesServer};
 use readstates::proto::*;
 use tokio::net::TcpListener;
@@ -109,16 +110,16 @@ impl ReadStates for BaselineService {
 
 /// Serves the baseline on `listener` until the process ends, with the same
 /// transport settings as readstates.
-pub async fn serve(listener: TcpListener, read_states: u64) -> Result<(), String> {
+pub async fn serve(listener: TcpListener, read_states: u64) -> anyhow::Result<()> {
     tonic::transport::Server::builder()
         .add_service(ReadStatesServer::new(BaselineService::new(read_states)))
         .serve_with_incoming(readstates::app::incoming(listener))
         .await
-        .map_err(|e| e.to_string())
+        .context("baseline server")
 }
 
-pub async fn bind(address: SocketAddr) -> Result<TcpListener, String> {
+pub async fn bind(address: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(address)
         .await
-        .map_err(|e| format!("{address}: {e}"))
+        .with_context(|| format!("bind {address}"))
 }

@@ -19,7 +19,7 @@ const COLORS: [RGBColor; 6] = [
 ];
 
 /// p99.9 (ms, log scale) against achieved throughput (requests/s).
-pub fn latency_vs_throughput(path: &Path, title: &str, series: &[Series]) -> Result<(), String> {
+pub fn latency_vs_throughput(path: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
     draw(
         path,
         title,
@@ -31,7 +31,7 @@ pub fn latency_vs_throughput(path: &Path, title: &str, series: &[Series]) -> Res
 }
 
 /// p99.9 (ms, log scale) of each one-second window.
-pub fn over_time(path: &Path, title: &str, series: &[Series]) -> Result<(), String> {
+pub fn over_time(path: &Path, title: &str, series: &[Series]) -> anyhow::Result<()> {
     draw(
         path,
         title,
@@ -49,8 +49,8 @@ fn draw(
     y_label: &str,
     series: &[Series],
     points: bool,
-) -> Result<(), String> {
-    let error = |e: &dyn std::fmt::Display| format!("chart {}: {e}", path.display());
+) -> anyhow::Result<()> {
+    let error = |e: &dyn std::fmt::Display| anyhow::anyhow!("chart {}: {e}", path.display());
     let all = series.iter().flat_map(|(_, s)| s.iter());
     let x_max = all.clone().map(|p| p.0).fold(1.0, f64::max) * 1.05;
     let y_max = all.clone().map(|p| p.1).fold(0.01, f64::max) * 2.0;

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use crate::chart;
 use crate::report::Report;
 use crate::runner::{RunConfig, Session};
@@ -54,12 +56,12 @@ fn session_config(workload: &Arc<Workload>, target: &NamedTarget) -> RunConfig {
     }
 }
 
-fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+fn write_json(path: &Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
-    let json = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))
+    let json = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, json).with_context(|| format!("write {}", path.display()))
 }
 
 fn ms(us: u64) -> f64 {
@@ -110,7 +112,7 @@ pub struct SweepArgs {
 
 /// `loadtest run`: one measured run; the report as a table, JSON and an
 /// over-time chart.
-pub async fn run(workload: Workload, args: RunArgs) -> Result<Report, String> {
+pub async fn run(workload: Workload, args: RunArgs) -> anyhow::Result<Report> {
     let workload = Arc::new(workload);
     let rate = args.rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
     let duration = args.duration.unwrap_or(workload.load.duration);
@@ -134,7 +136,7 @@ pub async fn run(workload: Workload, args: RunArgs) -> Result<Report, String> {
 
 /// `loadtest sweep`: steps each target's rate up to saturation; one chart
 /// of p99.9 against throughput with a line per target.
-pub async fn sweep(workload: Workload, args: SweepArgs) -> Result<Vec<Vec<Report>>, String> {
+pub async fn sweep(workload: Workload, args: SweepArgs) -> anyhow::Result<Vec<Vec<Report>>> {
     let workload = Arc::new(workload);
     let rates = sweep::rates(args.start, args.factor, args.max);
     let (targets, step) = (args.targets, args.step);
@@ -168,14 +170,14 @@ pub async fn sweep(workload: Workload, args: SweepArgs) -> Result<Vec<Vec<Report
 
 /// `loadtest summary`: one line per report in `dir` (`*.json` of one run
 /// each), as a Markdown table.
-pub fn summary(dir: &Path) -> Result<String, String> {
+pub fn summary(dir: &Path) -> anyhow::Result<String> {
     let mut reports = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))?;
     for entry in entries {
-        let path = entry.map_err(|e| e.to_string())?.path();
+        let path = entry?.path();
         if path.extension().is_some_and(|e| e == "json") {
-            let text =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?;
             // Sweep files hold lists of reports; they have their own chart.
             if let Ok(report) = serde_json::from_str::<Report>(&text) {
                 reports.push((

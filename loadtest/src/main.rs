@@ -92,7 +92,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("loadtest: {e}");
+            eprintln!("loadtest: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use readstates::metrics::{self, scrape};
@@ -46,7 +47,7 @@ pub struct Session {
 }
 
 impl Session {
-    pub async fn start(config: RunConfig) -> Result<Session, String> {
+    pub async fn start(config: RunConfig) -> anyhow::Result<Session> {
         let target =
             Arc::new(Target::connect(&config.url, config.workload.load.connections).await?);
         let generator = Generator::new(config.workload.clone(), MessageIds::new());
@@ -62,7 +63,7 @@ impl Session {
     }
 
     /// Every user gets a read state in each of its channels.
-    async fn preload(&self) -> Result<(), String> {
+    async fn preload(&self) -> anyhow::Result<()> {
         let users = self.config.workload.keyspace.users;
         let started = Instant::now();
         let next = Arc::new(AtomicU64::new(1));
@@ -79,7 +80,7 @@ impl Session {
                 loop {
                     let user_id = next.fetch_add(1, Ordering::Relaxed);
                     if user_id > users || failed.load(Ordering::Relaxed) {
-                        return Ok::<(), String>(());
+                        return Ok::<(), anyhow::Error>(());
                     }
                     let message_id = generator.message_ids().current();
                     let channels: Vec<u64> = generator.channels(user_id).collect();
@@ -87,14 +88,14 @@ impl Session {
                         let entries = chunk.iter().map(|&c| (c, message_id)).collect();
                         if let Err(e) = target.execute(&Op::BulkAck { user_id, entries }).await {
                             failed.store(true, Ordering::Relaxed);
-                            return Err(format!("preload of user {user_id}: {e}"));
+                            return Err(anyhow::anyhow!("preload of user {user_id}: {e}"));
                         }
                     }
                 }
             }));
         }
         for worker in workers {
-            worker.await.map_err(|e| e.to_string())??;
+            worker.await.context("preload worker")??;
         }
         if self.config.progress {
             eprintln!(
@@ -115,7 +116,7 @@ impl Session {
         rate: Option<u64>,
         duration: Duration,
         count_writes: bool,
-    ) -> Result<Report, String> {
+    ) -> anyhow::Result<Report> {
         let load = &self.config.workload.load;
         if !load.warmup.is_zero() {
             self.drive(
@@ -139,7 +140,10 @@ impl Session {
         } else {
             None
         };
-        let stats = stats.lock().map_err(|_| "stats lock poisoned")?.clone();
+        let stats = stats
+            .lock()
+            .map_err(|_| anyhow::anyhow!("stats lock poisoned"))?
+            .clone();
         let mut report = Report::new(
             &self.config.name,
             &self.config.url,
@@ -162,7 +166,7 @@ impl Session {
 
     /// Waits until the target has written every change (its unwritten
     /// gauge reads 0), if its metrics are known.
-    async fn settle(&self) -> Result<(), String> {
+    async fn settle(&self) -> anyhow::Result<()> {
         let Some(addr) = self.config.metrics else {
             return Ok(());
         };
@@ -171,15 +175,13 @@ impl Session {
         loop {
             let text = scrape::fetch(addr)
                 .await
-                .map_err(|e| format!("{addr}: {e}"))?;
+                .map_err(|e| anyhow::anyhow!("/metrics at {addr}: {e}"))?;
             let unwritten = scrape::value(&text, &format!("{} ", metrics::UNWRITTEN_READ_STATES));
             if unwritten == 0.0 {
                 return Ok(());
             }
             if started.elapsed() > SETTLE_LIMIT {
-                return Err(format!(
-                    "{unwritten} read states still unwritten after {SETTLE_LIMIT:?}"
-                ));
+                anyhow::bail!("{unwritten} read states still unwritten after {SETTLE_LIMIT:?}");
             }
             if self.config.progress && !told {
                 eprintln!("waiting for {unwritten} unwritten read states to be written");
@@ -190,18 +192,18 @@ impl Session {
     }
 
     /// The store counters once every change is written.
-    async fn settled_store_writes(&self) -> Result<Option<(f64, f64)>, String> {
+    async fn settled_store_writes(&self) -> anyhow::Result<Option<(f64, f64)>> {
         self.settle().await?;
         self.store_writes().await
     }
 
-    async fn store_writes(&self) -> Result<Option<(f64, f64)>, String> {
+    async fn store_writes(&self) -> anyhow::Result<Option<(f64, f64)>> {
         let Some(addr) = self.config.metrics else {
             return Ok(None);
         };
         let text = scrape::fetch(addr)
             .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("/metrics at {addr}: {e}"))?;
         let writes = text
             .lines()
             .filter(|l| {

@@ -25,7 +25,7 @@ pub fn saturated(report: &Report) -> bool {
 }
 
 /// Runs each rate for `step`, stopping after the first saturated step.
-pub async fn run(session: &Session, rates: &[u64], step: Duration) -> Result<Vec<Report>, String> {
+pub async fn run(session: &Session, rates: &[u64], step: Duration) -> anyhow::Result<Vec<Report>> {
     let mut reports = Vec::new();
     for &rate in rates {
         // Latency only: waiting for writes to drain would add a write delay

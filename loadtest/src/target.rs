@@ -16,7 +16,7 @@ pub enum Target {
 
 impl Target {
     /// Opens `connections` connections to `url`.
-    pub async fn connect(url: &str, connections: usize) -> Result<Target, String> {
+    pub async fn connect(url: &str, connections: usize) -> anyhow::Result<Target> {
         if let Some(address) = url
             .strip_prefix("grpc://")
             .or_else(|| url.strip_prefix("http://"))
@@ -29,9 +29,7 @@ impl Target {
             let target = redis::RedisTarget::connect(url, connections).await?;
             return Ok(Target::Redis(Box::new(target)));
         }
-        Err(format!(
-            "{url}: expected grpc://host:port or redis://host:port"
-        ))
+        anyhow::bail!("{url}: expected grpc://host:port or redis://host:port")
     }
 
     /// Sends one operation; an error is its status code's name.

@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -131,13 +132,14 @@ fn default_max_in_flight() -> usize {
 }
 
 impl Workload {
-    pub fn from_file(path: &Path) -> Result<Workload, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn from_file(path: &Path) -> anyhow::Result<Workload> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
         let workload: Workload =
-            toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
         workload
             .validate()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         Ok(workload)
     }
 

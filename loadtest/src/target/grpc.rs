@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use anyhow::Context;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::*;
 use tonic::transport::{Channel, Endpoint};
@@ -16,15 +17,15 @@ pub struct GrpcTarget {
 }
 
 impl GrpcTarget {
-    pub async fn connect(address: &str, connections: usize) -> Result<GrpcTarget, String> {
+    pub async fn connect(address: &str, connections: usize) -> anyhow::Result<GrpcTarget> {
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
             let channel = Endpoint::from_shared(format!("http://{address}"))
-                .map_err(|e| format!("{address}: {e}"))?
+                .with_context(|| format!("address {address}"))?
                 .tcp_nodelay(true)
                 .connect()
                 .await
-                .map_err(|e| format!("connect to {address}: {e}"))?;
+                .with_context(|| format!("connect to {address}"))?;
             clients.push(ReadStatesClient::new(channel));
         }
         Ok(GrpcTarget {

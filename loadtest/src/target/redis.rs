@@ -10,6 +10,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use anyhow::Context;
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
@@ -36,14 +37,14 @@ fn key(user_id: u64) -> String {
 }
 
 impl RedisTarget {
-    pub async fn connect(url: &str, connections: usize) -> Result<RedisTarget, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("{url}: {e}"))?;
+    pub async fn connect(url: &str, connections: usize) -> anyhow::Result<RedisTarget> {
+        let client = redis::Client::open(url).with_context(|| format!("redis URL {url}"))?;
         let mut opened = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
             let connection = client
                 .get_multiplexed_async_connection()
                 .await
-                .map_err(|e| format!("connect to {url}: {e}"))?;
+                .with_context(|| format!("connect to {url}"))?;
             opened.push(connection);
         }
         Ok(RedisTarget {
