@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use readstates::proto::MessageCreatedRequest;
 use readstates::store::Store;
+use readstates::test_support::message;
 
 use crate::helpers::{Server, eventually, fresh_users, nodes, store};
 
@@ -19,13 +19,8 @@ async fn changes_within_the_window_coalesce() {
     let mut client = server.client().await;
     let user = fresh_users(1);
     for message_id in 1..=60u64 {
-        let message = MessageCreatedRequest {
-            channel_id: message_id % 3 + 1,
-            message_id,
-            unread_user_ids: vec![user],
-            ..MessageCreatedRequest::default()
-        };
-        client.message_created(message).await.unwrap();
+        let request = message(message_id % 3 + 1, message_id, 0, &[], &[user]);
+        client.message_created(request).await.unwrap();
     }
     assert_eq!(server.metric(WRITES).await, 0.0, "nothing before the delay");
     let written = eventually(Duration::from_secs(15), async || {
@@ -61,13 +56,8 @@ async fn with_no_write_delay_each_change_is_in_cassandra_when_answered() {
     let user = fresh_users(1);
 
     for message_id in [100, 101, 102] {
-        let message = MessageCreatedRequest {
-            channel_id: 10,
-            message_id,
-            mentioned_user_ids: vec![user],
-            ..MessageCreatedRequest::default()
-        };
-        client.message_created(message).await.unwrap();
+        let request = message(10, message_id, 0, &[user], &[]);
+        client.message_created(request).await.unwrap();
         // No waiting: write-through answers after Cassandra took the change.
         let stored = store.load(user).await.unwrap().read_states;
         assert_eq!(stored.len(), 1);

@@ -9,10 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use readstates::proto::MessageCreatedRequest;
 use readstates::store::Store;
 use readstates::store::cassandra::CassandraStore;
-use readstates::test_support::ack;
+use readstates::test_support::{ack, message};
 use tokio::time::Instant;
 use tonic::Code;
 
@@ -65,13 +64,8 @@ async fn load(server: &Server, first: u64, stop: Arc<AtomicU64>) -> Ledger {
                     let mut unique = users.clone();
                     unique.sort_unstable();
                     unique.dedup();
-                    let message = MessageCreatedRequest {
-                        channel_id: COUNTED_CHANNEL,
-                        message_id,
-                        unread_user_ids: users,
-                        ..MessageCreatedRequest::default()
-                    };
-                    let result = client.message_created(message).await;
+                    let request = message(COUNTED_CHANNEL, message_id, 0, &[], &users);
+                    let result = client.message_created(request).await;
                     let mut ledger = ledger.lock().unwrap();
                     for user in unique {
                         let counted = ledger.counted.entry(user).or_default();

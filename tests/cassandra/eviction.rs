@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::GetReadStatesRequest;
 use readstates::store::Store;
-use readstates::test_support::ack;
+use readstates::test_support::{ack, message};
 
 use crate::helpers::{Server, eventually, fresh_users, nodes, store};
 
@@ -31,13 +31,8 @@ async fn evicted_users_are_written_and_reload_with_every_change() {
         for user_id in first..first + USERS {
             let request = ack(user_id, 10, round * 100);
             client.ack(request).await.unwrap();
-            let message = MessageCreatedRequest {
-                channel_id: 11,
-                message_id: round * 100 + 1,
-                mentioned_user_ids: vec![user_id],
-                ..MessageCreatedRequest::default()
-            };
-            client.message_created(message).await.unwrap();
+            let request = message(11, round * 100 + 1, 0, &[user_id], &[]);
+            client.message_created(request).await.unwrap();
         }
     }
     // Every user was evicted at least once: reading them back loads them

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use readstates::proto::{GetReadStatesRequest, MessageCreatedRequest};
+use readstates::proto::GetReadStatesRequest;
 use readstates::store::Store;
 use readstates::store::cassandra::CassandraStore;
-use readstates::test_support::ack;
+use readstates::test_support::{ack, message};
 use tonic::Code;
 
 use crate::helpers::{Server, config, eventually, fresh_users, store_at};
@@ -64,13 +64,8 @@ async fn an_outage_delays_writes_and_loses_nothing() {
     OwnCassandra::run("stop");
     // Accepted while Cassandra is down: the user is in memory.
     client.ack(ack(cached, 10, 200)).await.unwrap();
-    let message = MessageCreatedRequest {
-        channel_id: 11,
-        message_id: 300,
-        mentioned_user_ids: vec![cached],
-        ..MessageCreatedRequest::default()
-    };
-    client.message_created(message).await.unwrap();
+    let request = message(11, 300, 0, &[cached], &[]);
+    client.message_created(request).await.unwrap();
     // Not in memory, cannot be loaded: UNAVAILABLE, not an empty answer.
     let request = GetReadStatesRequest {
         user_id: uncached,

@@ -2,10 +2,8 @@
 //! and versions never go backwards.
 
 use readstates::proto::read_states_client::ReadStatesClient;
-use readstates::proto::{
-    DeleteReadStatesRequest, GetReadStatesRequest, MessageCreatedRequest, ReadState, ReadStateKey,
-};
-use readstates::test_support::ack;
+use readstates::proto::{DeleteReadStatesRequest, GetReadStatesRequest, ReadState, ReadStateKey};
+use readstates::test_support::{ack, message};
 use tonic::transport::Channel;
 
 use crate::helpers::{Server, fresh_users, nodes, store};
@@ -42,13 +40,8 @@ async fn a_restart_loses_nothing() {
         }
     }
     let users: Vec<u64> = (first..first + USERS).collect();
-    let message = MessageCreatedRequest {
-        channel_id: 10,
-        message_id: 5_000,
-        mentioned_user_ids: users,
-        ..MessageCreatedRequest::default()
-    };
-    client.message_created(message).await.unwrap();
+    let request = message(10, 5_000, 0, &users, &[]);
+    client.message_created(request).await.unwrap();
     let delete_one = DeleteReadStatesRequest {
         user_id: first,
         keys: vec![ReadStateKey {

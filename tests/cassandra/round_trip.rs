@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use readstates::proto::{DeleteReadStatesRequest, MessageCreatedRequest, ReadStateKey};
+use readstates::proto::{DeleteReadStatesRequest, ReadStateKey};
 use readstates::store::Store;
-use readstates::test_support::ack;
+use readstates::test_support::{ack, message};
 
 use crate::helpers::{Server, eventually, fresh_users, nodes, store};
 
@@ -18,13 +18,8 @@ async fn changes_reach_cassandra_after_the_write_delay() {
 
     let request = ack(user, 10, 100);
     client.ack(request).await.unwrap();
-    let message = MessageCreatedRequest {
-        channel_id: 11,
-        message_id: 200,
-        mentioned_user_ids: vec![user, other],
-        ..MessageCreatedRequest::default()
-    };
-    client.message_created(message).await.unwrap();
+    let request = message(11, 200, 0, &[user, other], &[]);
+    client.message_created(request).await.unwrap();
     let delete = DeleteReadStatesRequest {
         user_id: other,
         keys: vec![ReadStateKey {
