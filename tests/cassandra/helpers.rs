@@ -1,5 +1,6 @@
 //! The Cassandra under test, and `readstates` processes talking to it.
 
+use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -10,7 +11,6 @@ use std::time::Duration;
 use readstates::metrics::scrape;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
-use tokio::sync::OnceCell;
 use tonic::transport::Channel;
 
 pub const KEYSPACE: &str = "readstates_test";
@@ -38,20 +38,23 @@ pub async fn store() -> CassandraStore {
     store_at(&nodes()).await
 }
 
-/// [`store`], for the Cassandra at `nodes`.
+/// [`store`], for the Cassandra at `nodes`: the schema is applied once per
+/// cluster per test binary (the outage test runs a Cassandra of its own).
 pub async fn store_at(nodes: &str) -> CassandraStore {
-    static MIGRATED: OnceCell<()> = OnceCell::const_new();
+    static MIGRATED: tokio::sync::Mutex<BTreeSet<String>> =
+        tokio::sync::Mutex::const_new(BTreeSet::new());
     let config = config(nodes);
-    MIGRATED
-        .get_or_init(|| async {
-            let session = cassandra::connect(&config).await.unwrap_or_else(|e| {
-                panic!("no Cassandra at {nodes}: {e}; start one with scripts/cassandra.sh start")
-            });
-            cassandra::schema::migrate(&session, &config.keyspace, &config.replication)
-                .await
-                .expect("migrate");
-        })
-        .await;
+    let mut migrated = MIGRATED.lock().await;
+    if !migrated.contains(nodes) {
+        let session = cassandra::connect(&config).await.unwrap_or_else(|e| {
+            panic!("no Cassandra at {nodes}: {e}; start one with scripts/cassandra.sh start")
+        });
+        cassandra::schema::migrate(&session, &config.keyspace, &config.replication)
+            .await
+            .expect("migrate");
+        migrated.insert(nodes.to_owned());
+    }
+    drop(migrated);
     CassandraStore::connect(&config).await.expect("connect")
 }
 
