@@ -121,13 +121,9 @@ fn cached_operations(c: &mut Criterion) {
     for user_id in 1..=USERS {
         for channel_id in 1..=CHANNELS {
             let state = ReadState {
-                channel_id,
-                last_acked_id: 0,
-                version: 0,
                 mention_count: 1,
                 unread_count: 1,
-                kind: readstates::read_state::Kind::Channel,
-                deleted: false,
+                ..ReadState::new(Key::channel(channel_id))
             };
             naive.lock().unwrap().put((user_id, channel_id), state);
         }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use readstates::cache::{Cache, CacheConfig};
-use readstates::read_state::{Kind, ReadState};
+use readstates::read_state::{Key, ReadState};
 use readstates::store::{Store, StoreError, StoredUser, UserWrite};
 
 /// Makes up `channels` read states for every user it loads and keeps
@@ -31,13 +31,10 @@ impl Store for MadeUpStore {
     async fn load(&self, _: u64) -> Result<StoredUser, StoreError> {
         let read_states = (1..=self.channels)
             .map(|channel_id| ReadState {
-                channel_id: channel_id << 22,
                 last_acked_id: channel_id << 22,
+                last_message_id: (channel_id << 22) + 1,
                 version: 1,
-                mention_count: 0,
-                unread_count: 0,
-                kind: Kind::Channel,
-                deleted: false,
+                ..ReadState::new(Key::channel(channel_id << 22))
             })
             .collect();
         Ok(StoredUser {
@@ -66,13 +63,9 @@ fn naive(users: u64, channels: u64) -> usize {
     for user_id in 1..=users {
         for channel_id in 1..=channels {
             let state = ReadState {
-                channel_id,
                 last_acked_id: channel_id,
                 version: 1,
-                mention_count: 0,
-                unread_count: 0,
-                kind: Kind::Channel,
-                deleted: false,
+                ..ReadState::new(Key::channel(channel_id))
             };
             lru.put((user_id, channel_id), state);
         }

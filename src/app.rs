@@ -17,7 +17,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::cache::{Cache, CacheConfig};
 use crate::config::{Config, StoreKind};
-use crate::grpc::ReadStatesService;
+use crate::grpc::{ReadStatesService, ServiceConfig};
 use crate::metrics;
 use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;
@@ -124,7 +124,16 @@ impl Application {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let service = ReadStatesService::new(cache.clone(), config.max_concurrent_requests);
+        let service = ReadStatesService::new(
+            cache.clone(),
+            ServiceConfig {
+                max_in_progress: config.max_concurrent_requests,
+                deletion_dedup_window: config.deletion_dedup_window,
+                deletion_dedup_capacity: config.deletion_dedup_capacity,
+                watch_buffer: config.watch_buffer,
+            },
+            stop.clone(),
+        );
         let server = tokio::spawn(
             Server::builder()
                 .add_service(health_service)

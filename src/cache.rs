@@ -25,6 +25,7 @@ use crate::clock;
 use crate::error::Error;
 use crate::read_state::UserReadStates;
 use crate::store::{Store, UserWrite};
+use crate::watch::Feed;
 use gate::ChangeGate;
 use pins::Pins;
 pub(crate) use shard::{Due, Loading, Shard, ShardGauges, ShardStats};
@@ -272,6 +273,25 @@ impl Cache {
             }
         }
         Ok(results.into_iter().flatten().collect())
+    }
+
+    /// Subscribes `feed` to a user's changes, loading the user if needed:
+    /// queues what changed after `since`, then every later change.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        user_id: u64,
+        feed: &Arc<Feed>,
+        since: u64,
+    ) -> Result<(), Error> {
+        self.with_user(user_id, true, |shard| shard.subscribe(user_id, feed, since))
+            .await
+    }
+
+    /// Unsubscribes `feed` from a user; whether it was subscribed.
+    pub fn unsubscribe(&self, user_id: u64, feed: &Arc<Feed>) -> bool {
+        self.with_shard(self.shard_of(user_id), |shard| {
+            shard.unsubscribe(user_id, feed)
+        })
     }
 
     /// Loads every uncached user among `user_ids` (several at a time) and
@@ -542,6 +562,7 @@ impl Cache {
             let mut shard = self.lock(index);
             let g = shard.gauges();
             gauges.users += g.users;
+            gauges.watched += g.watched;
             gauges.read_states += g.read_states;
             gauges.unwritten += g.unwritten;
             gauges.oldest_unwritten = gauges

@@ -219,6 +219,19 @@ settings! {
     /// Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "READSTATES_MAX_CONCURRENT_REQUESTS")]
     max_concurrent_requests: usize = 10_000;
+    /// How long a node remembers an applied MessageDeleted, so that a retry
+    /// within it lowers no count twice.
+    #[arg(long, env = "READSTATES_DELETION_DEDUP_WINDOW", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    deletion_dedup_window: Duration = Duration::from_secs(600);
+    /// The most deletions remembered at once (memory bound, about 100 bytes
+    /// each); beyond it the oldest are forgotten before their window ends.
+    #[arg(long, env = "READSTATES_DELETION_DEDUP_CAPACITY")]
+    deletion_dedup_capacity: usize = 1_000_000;
+    /// Events a Watch stream holds for a client that reads slowly; a user
+    /// whose event would not fit gets a resync event instead.
+    #[arg(long, env = "READSTATES_WATCH_BUFFER")]
+    watch_buffer: usize = 1_024;
     /// How long shutdown keeps trying to write unwritten changes.
     #[arg(long, env = "READSTATES_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -284,6 +297,8 @@ impl Config {
             ("write_concurrency", self.write_concurrency),
             ("max_evicted_unwritten", self.max_evicted_unwritten),
             ("max_concurrent_requests", self.max_concurrent_requests),
+            ("deletion_dedup_capacity", self.deletion_dedup_capacity),
+            ("watch_buffer", self.watch_buffer),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -26,6 +26,21 @@ pub enum Error {
     /// node, or once this one is back).
     #[error("the server is shutting down; the change was not applied, retry it")]
     ShuttingDown,
+    /// Another delivery of the same MessageDeleted is being applied; this
+    /// one was not applied. Retry it: it then does nothing if that one
+    /// applied, and applies if that one was cut short.
+    #[error("a delivery of the deletion of message {message_id} is being applied; retry")]
+    DeletionUnderWay { message_id: u64 },
+    /// Unsubscribing a user the Watch stream does not watch (never
+    /// subscribed, unsubscribed already, or dropped with a resync).
+    #[error("user {user_id} is not subscribed on this stream")]
+    NotSubscribed { user_id: u64 },
+    /// A Watch stream already watches as many users as one may.
+    #[error("this stream watches {limit} users, the most one may; open another stream")]
+    TooManySubscriptions { limit: usize },
+    /// A Watch request stream that could not be read.
+    #[error("the request stream could not be read: {0}")]
+    BadStream(String),
     /// The client's deadline passed first. A change cut before its apply
     /// changed nothing; in write-through mode one cut during its write stays
     /// applied and is written later, as after `WriteFailed`.
@@ -46,11 +61,14 @@ impl Error {
 
     pub fn code(&self) -> Code {
         match self {
-            Error::InvalidArgument { .. } => Code::InvalidArgument,
+            Error::InvalidArgument { .. } | Error::BadStream(_) => Code::InvalidArgument,
+            Error::NotSubscribed { .. } => Code::NotFound,
+            Error::TooManySubscriptions { .. } => Code::ResourceExhausted,
             Error::LoadFailed { .. }
             | Error::WriteFailed { .. }
             | Error::TooManyUnwritten { .. }
-            | Error::ShuttingDown => Code::Unavailable,
+            | Error::ShuttingDown
+            | Error::DeletionUnderWay { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
         }

@@ -6,6 +6,7 @@
 //! [`Error`] to a gRPC status.
 
 mod ack;
+mod ack_all;
 mod bulk_ack;
 mod convert;
 mod deadline;
@@ -13,26 +14,58 @@ mod delete_read_states;
 mod get_badge_counts;
 mod get_read_states;
 mod message_created;
+mod message_deleted;
+mod recipients;
+mod set_muted;
 pub mod validate;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
-use tokio::time::Instant;
-use tonic::{Request, Response, Status};
+use tokio::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
+use crate::recent_deletions::RecentDeletions;
+
+/// What the service takes from the configuration.
+#[derive(Clone, Debug)]
+pub struct ServiceConfig {
+    /// Requests in progress beyond which new ones are refused.
+    pub max_in_progress: usize,
+    pub deletion_dedup_window: Duration,
+    pub deletion_dedup_capacity: usize,
+    /// Events one Watch stream holds for its client.
+    pub watch_buffer: usize,
+}
+
+impl ServiceConfig {
+    /// The defaults of `readstates serve`, for tests and tools.
+    pub fn with_max_in_progress(max_in_progress: usize) -> ServiceConfig {
+        ServiceConfig {
+            max_in_progress,
+            deletion_dedup_window: Duration::from_secs(600),
+            deletion_dedup_capacity: 1_000_000,
+            watch_buffer: 1_024,
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct ReadStatesService {
     cache: Arc<Cache>,
     in_progress: Arc<Semaphore>,
-    max_in_progress: usize,
+    config: ServiceConfig,
+    recent_deletions: Arc<RecentDeletions>,
+    /// Cancelled when shutdown begins: Watch streams end with UNAVAILABLE.
+    stopping: CancellationToken,
     metrics: Arc<Methods>,
 }
 
@@ -45,14 +78,27 @@ struct Methods {
     message_created: MethodMetrics,
     delete_read_states: MethodMetrics,
     get_badge_counts: MethodMetrics,
+    ack_all: MethodMetrics,
+    message_deleted: MethodMetrics,
+    set_muted: MethodMetrics,
+    watch: MethodMetrics,
 }
 
 impl ReadStatesService {
-    pub fn new(cache: Arc<Cache>, max_in_progress: usize) -> ReadStatesService {
+    pub fn new(
+        cache: Arc<Cache>,
+        config: ServiceConfig,
+        stopping: CancellationToken,
+    ) -> ReadStatesService {
         ReadStatesService {
             cache,
-            in_progress: Arc::new(Semaphore::new(max_in_progress)),
-            max_in_progress,
+            in_progress: Arc::new(Semaphore::new(config.max_in_progress)),
+            recent_deletions: Arc::new(RecentDeletions::new(
+                config.deletion_dedup_window,
+                config.deletion_dedup_capacity,
+            )),
+            config,
+            stopping,
             metrics: Arc::new(Methods {
                 get_read_states: MethodMetrics::new("GetReadStates"),
                 ack: MethodMetrics::new("Ack"),
@@ -60,6 +106,10 @@ impl ReadStatesService {
                 message_created: MethodMetrics::new("MessageCreated"),
                 delete_read_states: MethodMetrics::new("DeleteReadStates"),
                 get_badge_counts: MethodMetrics::new("GetBadgeCounts"),
+                ack_all: MethodMetrics::new("AckAll"),
+                message_deleted: MethodMetrics::new("MessageDeleted"),
+                set_muted: MethodMetrics::new("SetMuted"),
+                watch: MethodMetrics::new("Watch"),
             }),
         }
     }
@@ -86,7 +136,7 @@ impl ReadStatesService {
                 }
             }
             Err(_) => Err(Error::Overloaded {
-                limit: self.max_in_progress,
+                limit: self.config.max_in_progress,
             }),
         };
         let code = result
@@ -157,5 +207,53 @@ impl ReadStates for ReadStatesService {
             get_badge_counts::handle,
         )
         .await
+    }
+
+    async fn ack_all(
+        &self,
+        request: Request<AckAllRequest>,
+    ) -> Result<Response<AckAllResponse>, Status> {
+        self.call(&self.metrics.ack_all, request, ack_all::handle)
+            .await
+    }
+
+    async fn message_deleted(
+        &self,
+        request: Request<MessageDeletedRequest>,
+    ) -> Result<Response<MessageDeletedResponse>, Status> {
+        let recent = self.recent_deletions.clone();
+        self.call(&self.metrics.message_deleted, request, |cache, request| {
+            message_deleted::handle(cache, recent, request)
+        })
+        .await
+    }
+
+    async fn set_muted(
+        &self,
+        request: Request<SetMutedRequest>,
+    ) -> Result<Response<SetMutedResponse>, Status> {
+        self.call(&self.metrics.set_muted, request, set_muted::handle)
+            .await
+    }
+
+    type WatchStream = watch::WatchStream;
+
+    /// A stream is not a request in progress: it takes no permit and has no
+    /// deadline; its status is recorded when it starts.
+    async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let started = Instant::now();
+        let stream = watch::handle(
+            self.cache.clone(),
+            request.into_inner(),
+            self.config.watch_buffer,
+            self.stopping.clone(),
+        );
+        self.metrics
+            .watch
+            .record(tonic::Code::Ok, started.elapsed());
+        Ok(Response::new(stream))
     }
 }

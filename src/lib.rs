@@ -7,6 +7,7 @@
 //! - [`read_state`]: the domain, its rules and per-user versions.
 //! - [`cache`]: sharded LRU of users, loading on miss.
 //! - [`write_behind`]: writes changed users to the store after a delay.
+//! - [`watch`]: live change streams, fed by the cache shards.
 //! - [`store`]: the [`store::Store`] trait and its implementations.
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
@@ -30,9 +31,11 @@ pub mod grpc;
 pub mod metrics;
 pub mod proto;
 pub mod read_state;
+pub mod recent_deletions;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+pub mod watch;
 pub mod write_behind;

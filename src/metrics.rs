@@ -33,6 +33,7 @@ pub const STORE_OPERATIONS: &str = "readstates_store_operations_total";
 pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
 pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
+pub const WATCHED_USERS: &str = "readstates_watched_users";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -136,6 +137,7 @@ fn sample(cache: &Cache) {
     counter!(CACHE_EVICTIONS_UNWRITTEN).absolute(stats.evictions_unwritten);
     gauge!(CACHED_USERS).set(gauges.users as f64);
     gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
+    gauge!(WATCHED_USERS).set(gauges.watched as f64);
     gauge!(UNWRITTEN_READ_STATES).set(gauges.unwritten as f64);
     let oldest = gauges
         .oldest_unwritten

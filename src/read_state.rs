@@ -3,7 +3,9 @@
 //! Everything here is synchronous and pure (the caller passes the clock in), so
 //! the rules are tested without a runtime: a normal ack only moves forward and
 //! resets the counters, a manual ack rewinds, a new message counts only past
-//! the last ack, and every applied change raises the user's version.
+//! the read state's watermark (so a redelivered one counts once), a deleted
+//! message uncounts only what it counted, and every applied change raises the
+//! user's version.
 //!
 //! Write-behind bookkeeping lives here too, as versions: a read state is
 //! unwritten when its version is above `written_version`, the version up to
@@ -57,6 +59,15 @@ impl Key {
     }
 }
 
+/// The most a counter holds: counts saturate here (clients show "99+" long
+/// before), which keeps a read state at 40 bytes with its watermark.
+pub const MAX_COUNT: u16 = u16::MAX;
+
+/// A count from the wire or a store, saturated to [`MAX_COUNT`].
+pub fn saturated_count(count: u32) -> u16 {
+    u16::try_from(count).unwrap_or(MAX_COUNT)
+}
+
 /// One read state, or the tombstone of a deleted one (kept so that deltas can
 /// report the deletion). 40 bytes; field order keeps it so.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,24 +75,32 @@ pub struct ReadState {
     pub channel_id: u64,
     /// The last message the user has read; 0 if none.
     pub last_acked_id: u64,
+    /// The watermark: the newest message that counted here or was acked. A
+    /// message at or below it (or the last ack) never counts again.
+    pub last_message_id: u64,
     /// The user's version when this read state last changed.
     pub version: u64,
-    pub mention_count: u32,
-    pub unread_count: u32,
+    pub mention_count: u16,
+    pub unread_count: u16,
     pub kind: Kind,
     pub deleted: bool,
+    /// Unread messages do not make it an unread channel; mentions still do.
+    pub muted: bool,
 }
 
 impl ReadState {
-    fn new(key: Key) -> ReadState {
+    /// A fresh read state: nothing read, nothing counted.
+    pub fn new(key: Key) -> ReadState {
         ReadState {
             channel_id: key.channel_id,
             last_acked_id: 0,
+            last_message_id: 0,
             version: 0,
             mention_count: 0,
             unread_count: 0,
             kind: key.kind,
             deleted: false,
+            muted: false,
         }
     }
 
@@ -92,9 +111,25 @@ impl ReadState {
         }
     }
 
-    /// Counts towards the unread-channel badge.
+    /// Counts towards the unread-channel badge: a mention always does, unread
+    /// messages only when not muted.
     pub fn is_unread(&self) -> bool {
-        !self.deleted && (self.mention_count > 0 || self.unread_count > 0)
+        !self.deleted && (self.mention_count > 0 || (self.unread_count > 0 && !self.muted))
+    }
+
+    /// Messages up to here have been counted or read: the larger of the last
+    /// ack and the watermark (rows stored before the watermark existed have
+    /// only the ack).
+    fn counted_up_to(&self) -> u64 {
+        self.last_acked_id.max(self.last_message_id)
+    }
+
+    /// A normal ack to `message_id`: read up to it, nothing left to count.
+    fn read_up_to(&mut self, message_id: u64) {
+        self.last_acked_id = message_id;
+        self.last_message_id = self.last_message_id.max(message_id);
+        self.mention_count = 0;
+        self.unread_count = 0;
     }
 }
 
@@ -240,25 +275,25 @@ impl UserReadStates {
             return None;
         }
         let version = self.next_version(now_us);
-        Some(*self.change_at(position, key, version, |e| {
-            e.last_acked_id = message_id;
-            e.mention_count = 0;
-            e.unread_count = 0;
-        }))
+        Some(*self.change_at(position, key, version, |e| e.read_up_to(message_id)))
     }
 
-    /// A manual ack ("mark unread"): sets everything exactly, even backwards.
+    /// A manual ack ("mark unread"): sets the last ack and the counts
+    /// exactly, even backwards. The watermark stays (or rises to
+    /// `message_id`): the messages after the new ack are those the given
+    /// counts describe, so a redelivered one must not count again.
     pub fn manual_ack(
         &mut self,
         key: Key,
         message_id: u64,
-        mention_count: u32,
-        unread_count: u32,
+        mention_count: u16,
+        unread_count: u16,
         now_us: u64,
     ) -> ReadState {
         let version = self.next_version(now_us);
         *self.change(key, version, |e| {
             e.last_acked_id = message_id;
+            e.last_message_id = e.last_message_id.max(message_id);
             e.mention_count = mention_count;
             e.unread_count = unread_count;
         })
@@ -276,18 +311,41 @@ impl UserReadStates {
         let version = self.next_version(now_us);
         for ack in acks {
             if forward(self, ack) {
-                self.change(ack.0, version, |e| {
-                    e.last_acked_id = ack.1;
-                    e.mention_count = 0;
-                    e.unread_count = 0;
-                });
+                self.change(ack.0, version, |e| e.read_up_to(ack.1));
             }
         }
         true
     }
 
+    /// Marks every live read state (of `kinds`; all if empty) read up to its
+    /// watermark: "mark all read", one change. Returns how many changed.
+    pub fn ack_all(&mut self, kinds: &[Kind], now_us: u64) -> u32 {
+        let unread = |e: &ReadState| {
+            !e.deleted
+                && (kinds.is_empty() || kinds.contains(&e.kind))
+                && (e.last_message_id > e.last_acked_id
+                    || e.mention_count > 0
+                    || e.unread_count > 0)
+        };
+        let keys: Vec<Key> = self
+            .entries
+            .iter()
+            .filter(|e| unread(e))
+            .map(ReadState::key)
+            .collect();
+        if keys.is_empty() {
+            return 0;
+        }
+        let version = self.next_version(now_us);
+        for &key in &keys {
+            self.change(key, version, |e| e.read_up_to(e.counted_up_to()));
+        }
+        keys.len() as u32
+    }
+
     /// A new message in `key`'s channel: the unread count (and the mention
-    /// count if `mentioned`) rises, unless the user has already read past it.
+    /// count if `mentioned`) rises, unless the message is at or below what
+    /// was already counted or read (a redelivery, or a late older message).
     /// Creates the read state if the user had none. Returns whether it changed.
     pub fn message_created(
         &mut self,
@@ -297,16 +355,60 @@ impl UserReadStates {
         now_us: u64,
     ) -> bool {
         let position = self.position(key);
-        if message_id <= self.last_acked_at(position) {
+        if message_id <= self.live_at(position).map_or(0, ReadState::counted_up_to) {
             return false;
         }
         let version = self.next_version(now_us);
         self.change_at(position, key, version, |e| {
+            e.last_message_id = message_id;
             e.unread_count = e.unread_count.saturating_add(1);
             if mentioned {
                 e.mention_count = e.mention_count.saturating_add(1);
             }
         });
+        true
+    }
+
+    /// A deleted message in `key`'s channel: if this read state counted it
+    /// (after the last ack, at or below the watermark), the unread count
+    /// (and the mention count if `mentioned`) drops by one, never below
+    /// zero. Returns whether it changed. Not idempotent on its own: the
+    /// caller keeps a retry from lowering twice.
+    pub fn message_deleted(
+        &mut self,
+        key: Key,
+        message_id: u64,
+        mentioned: bool,
+        now_us: u64,
+    ) -> bool {
+        let position = self.position(key);
+        let Some(state) = self.live_at(position) else {
+            return false;
+        };
+        let counted = state.last_acked_id < message_id && message_id <= state.last_message_id;
+        let lowers = state.unread_count > 0 || (mentioned && state.mention_count > 0);
+        if !(counted && lowers) {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        self.change_at(position, key, version, |e| {
+            e.unread_count = e.unread_count.saturating_sub(1);
+            if mentioned {
+                e.mention_count = e.mention_count.saturating_sub(1);
+            }
+        });
+        true
+    }
+
+    /// Mutes or unmutes a read state, creating it if needed to hold a mute.
+    /// Returns whether it changed.
+    pub fn set_muted(&mut self, key: Key, muted: bool, now_us: u64) -> bool {
+        let position = self.position(key);
+        if self.live_at(position).map_or(false, |e| e.muted) == muted {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        self.change_at(position, key, version, |e| e.muted = muted);
         true
     }
 
@@ -407,12 +509,17 @@ impl UserReadStates {
         self.entries.binary_search_by_key(&key, ReadState::key)
     }
 
+    /// The live read state at `position`, if there is one.
+    fn live_at(&self, position: Result<usize, usize>) -> Option<&ReadState> {
+        position
+            .ok()
+            .map(|i| &self.entries[i])
+            .filter(|e| !e.deleted)
+    }
+
     /// The last acked id of the live read state at `position` (0 if none).
     fn last_acked_at(&self, position: Result<usize, usize>) -> u64 {
-        match position {
-            Ok(i) if !self.entries[i].deleted => self.entries[i].last_acked_id,
-            _ => 0,
-        }
+        self.live_at(position).map_or(0, |e| e.last_acked_id)
     }
 
     /// Applies `update` to the entry for `key` (created, or revived from a

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use readstates::cache::{Cache, CacheConfig};
-use readstates::grpc::ReadStatesService;
+use readstates::grpc::{ReadStatesService, ServiceConfig};
 use readstates::proto::read_states_server::ReadStates;
 use readstates::proto::*;
 use readstates::store::Store;
@@ -647,7 +647,11 @@ async fn simulate(seed: u64) -> Outcome {
             store.clone(),
         );
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-        let service = Arc::new(ReadStatesService::new(cache.clone(), 10_000));
+        let service = Arc::new(ReadStatesService::new(
+            cache.clone(),
+            ServiceConfig::with_max_in_progress(10_000),
+            tokio_util::sync::CancellationToken::new(),
+        ));
         let running: Vec<_> = clients
             .drain(..)
             .enumerate()

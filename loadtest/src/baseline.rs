@@ -27,6 +27,8 @@ impl BaselineService {
             mention_count: 1,
             unread_count: 2,
             version: 1_700_000_000_000_000,
+            last_message_id: 1_234_567_890_123,
+            muted: false,
         };
         BaselineService {
             read_states: GetReadStatesResponse {
@@ -105,6 +107,44 @@ impl ReadStates for BaselineService {
             })
             .collect();
         Ok(Response::new(GetBadgeCountsResponse { counts }))
+    }
+
+    async fn ack_all(&self, _: Request<AckAllRequest>) -> Result<Response<AckAllResponse>, Status> {
+        Ok(Response::new(AckAllResponse {
+            version: self.one.version,
+            updated: 1,
+        }))
+    }
+
+    async fn message_deleted(
+        &self,
+        request: Request<MessageDeletedRequest>,
+    ) -> Result<Response<MessageDeletedResponse>, Status> {
+        let r = request.get_ref();
+        Ok(Response::new(MessageDeletedResponse {
+            updated: (r.mentioned_user_ids.len() + r.unread_user_ids.len()) as u32,
+        }))
+    }
+
+    async fn set_muted(
+        &self,
+        _: Request<SetMutedRequest>,
+    ) -> Result<Response<SetMutedResponse>, Status> {
+        Ok(Response::new(SetMutedResponse {
+            applied: true,
+            version: self.one.version,
+            read_state: Some(self.one),
+        }))
+    }
+
+    type WatchStream = tokio_stream::Pending<Result<WatchEvent, Status>>;
+
+    /// Sends nothing: the baseline has no changes to send.
+    async fn watch(
+        &self,
+        _: Request<tonic::Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(tokio_stream::pending()))
     }
 }
 

@@ -15,6 +15,14 @@ use tokio::time::{Duration, Instant};
 
 use crate::read_state::UserReadStates;
 use crate::store::UserWrite;
+use crate::watch::{Change, Feed, Offer};
+
+/// A stream watching a user, and the last version queued to it.
+#[derive(Debug)]
+struct Subscriber {
+    feed: Arc<Feed>,
+    version: u64,
+}
 
 /// A cached user and its write-behind state.
 #[derive(Debug)]
@@ -30,6 +38,9 @@ pub(crate) struct CachedUser {
     /// Requests that hold it from their load to their change (see
     /// `Cache::update_many`): it is not evicted while pinned.
     pins: u32,
+    /// Some stream watches it (it has an entry in `Shard::watchers`): the one
+    /// check a change pays when nobody watches.
+    watched: bool,
 }
 
 impl CachedUser {
@@ -40,6 +51,7 @@ impl CachedUser {
             queued: false,
             in_flight: false,
             pins: 0,
+            watched: false,
         }
     }
 }
@@ -83,6 +95,8 @@ pub(crate) struct ShardGauges {
     pub(crate) read_states: usize,
     pub(crate) unwritten: usize,
     pub(crate) oldest_unwritten: Option<Instant>,
+    /// Users some Watch stream watches.
+    pub(crate) watched: usize,
 }
 
 #[derive(Debug)]
@@ -115,6 +129,9 @@ pub(crate) struct Shard {
     pub(crate) stats: ShardStats,
     /// Something was queued since the writer was last woken.
     wake: bool,
+    /// The streams watching each watched user, cached or not: a watched user
+    /// that is evicted and loaded again is still watched.
+    watchers: HashMap<u64, Vec<Subscriber>>,
 }
 
 impl Shard {
@@ -132,6 +149,7 @@ impl Shard {
             evicted_total,
             stats: ShardStats::default(),
             wake: false,
+            watchers: HashMap::new(),
         }
     }
 
@@ -189,6 +207,9 @@ impl Shard {
         if user.states.version() == version {
             return Some(result);
         }
+        let change = user
+            .watched
+            .then(|| Change::since(user_id, &user.states, version));
         let (new_len, new_unwritten) = (weight(&user.states), user.states.unwritten_count());
         // Also while a write is in flight: the change waits its own delay
         // rather than riding straight after, or a hot user would be written
@@ -207,8 +228,79 @@ impl Shard {
             self.wake |= self.delayed.is_empty();
             self.delayed.push_back((now + write_delay, user_id));
         }
+        if let Some(change) = change {
+            self.publish(change);
+        }
         self.evict_over_capacity(user_id);
         Some(result)
+    }
+
+    /// Subscribes `feed` to a held user: queues what changed since `since`,
+    /// then every change. Again on a user it already watches: starts over
+    /// from `since`. `None` if the user is not held.
+    pub(crate) fn subscribe(&mut self, user_id: u64, feed: &Arc<Feed>, since: u64) -> Option<()> {
+        self.revive(user_id);
+        let user = self.users.get_mut(&user_id)?;
+        let change = Change::since(user_id, &user.states, since);
+        let version = change.version;
+        let subscribers = self.watchers.entry(user_id).or_default();
+        subscribers.retain(|s| !Arc::ptr_eq(&s.feed, feed));
+        if feed.subscribe(change, since) == Offer::Queued {
+            subscribers.push(Subscriber {
+                feed: feed.clone(),
+                version,
+            });
+        }
+        user.watched = !subscribers.is_empty();
+        if subscribers.is_empty() {
+            self.watchers.remove(&user_id);
+        }
+        Some(())
+    }
+
+    /// Unsubscribes `feed` from a user; whether it was subscribed.
+    pub(crate) fn unsubscribe(&mut self, user_id: u64, feed: &Arc<Feed>) -> bool {
+        let Some(subscribers) = self.watchers.get_mut(&user_id) else {
+            return false;
+        };
+        let before = subscribers.len();
+        subscribers.retain(|s| !Arc::ptr_eq(&s.feed, feed));
+        let found = subscribers.len() != before;
+        if subscribers.is_empty() {
+            self.unwatch(user_id);
+        }
+        found
+    }
+
+    /// Sends a change to every stream watching its user; a full stream drops
+    /// the user (with a resync), a closed one is forgotten.
+    fn publish(&mut self, change: Change) {
+        let user_id = change.user_id;
+        let Some(subscribers) = self.watchers.get_mut(&user_id) else {
+            return;
+        };
+        let change = Arc::new(change);
+        subscribers.retain_mut(|s| match s.feed.offer(change.clone()) {
+            Offer::Queued => {
+                s.version = change.version;
+                true
+            }
+            Offer::Full => {
+                s.feed.resync(user_id, s.version);
+                false
+            }
+            Offer::Closed => false,
+        });
+        if subscribers.is_empty() {
+            self.unwatch(user_id);
+        }
+    }
+
+    fn unwatch(&mut self, user_id: u64) {
+        self.watchers.remove(&user_id);
+        if let Some(user) = self.user_mut(user_id) {
+            user.watched = false;
+        }
     }
 
     /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
@@ -264,7 +356,8 @@ impl Shard {
         self.evict_over_capacity(user_id);
     }
 
-    fn insert(&mut self, user_id: u64, user: CachedUser) {
+    fn insert(&mut self, user_id: u64, mut user: CachedUser) {
+        user.watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
         self.read_states += weight(&user.states);
         if let Some(old) = self.users.put(user_id, user) {
             self.read_states -= weight(&old.states);
@@ -470,6 +563,7 @@ impl Shard {
             .min();
         ShardGauges {
             users: self.users.len(),
+            watched: self.watchers.len(),
             read_states: self.read_states,
             unwritten: self.unwritten,
             oldest_unwritten,

@@ -6,7 +6,7 @@ use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::proto::{AckRequest, AckResponse};
-use crate::read_state::Key;
+use crate::read_state::{Key, saturated_count};
 
 pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckResponse, Error> {
     let user_id = validate::id("user_id", request.user_id)?;
@@ -23,8 +23,8 @@ pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckRespons
                 user.manual_ack(
                     key,
                     request.message_id,
-                    request.mention_count,
-                    request.unread_count,
+                    saturated_count(request.mention_count),
+                    saturated_count(request.unread_count),
                     now_us,
                 );
                 true

@@ -9,9 +9,11 @@ impl From<&ReadState> for proto::ReadState {
             channel_id: state.channel_id,
             kind: state.kind as i32,
             last_acked_id: state.last_acked_id,
-            mention_count: state.mention_count,
-            unread_count: state.unread_count,
+            mention_count: u32::from(state.mention_count),
+            unread_count: u32::from(state.unread_count),
             version: state.version,
+            last_message_id: state.last_message_id,
+            muted: state.muted,
         }
     }
 }

@@ -57,8 +57,10 @@ fn manual_ack_rewinds_and_sets_counts() {
         (state.last_acked_id, state.mention_count, state.unread_count),
         (40, 3, 7)
     );
-    // Messages after the rewound point count again.
-    assert!(user.message_created(C1, 50, false, 0));
+    // Messages between the rewound ack and the watermark are what the given
+    // counts describe; only newer ones count on top.
+    assert!(!user.message_created(C1, 50, false, 0));
+    assert!(user.message_created(C1, 101, false, 0));
     assert_eq!(user.get(C1).unwrap().unread_count, 8);
 }
 
@@ -75,13 +77,130 @@ fn kinds_of_the_same_channel_are_separate() {
 #[test]
 fn counters_saturate() {
     let mut user = UserReadStates::default();
-    user.manual_ack(C1, 1, u32::MAX, u32::MAX, 0);
+    user.manual_ack(C1, 1, MAX_COUNT, MAX_COUNT, 0);
     user.message_created(C1, 2, true, 0);
     let state = user.get(C1).unwrap();
     assert_eq!(
         (state.mention_count, state.unread_count),
-        (u32::MAX, u32::MAX)
+        (MAX_COUNT, MAX_COUNT)
     );
+    assert_eq!(saturated_count(70_000), MAX_COUNT);
+    assert_eq!(saturated_count(7), 7);
+}
+
+#[test]
+fn a_redelivered_message_counts_once() {
+    let mut user = UserReadStates::default();
+    assert!(user.message_created(C1, 10, true, 0));
+    let version = user.version();
+    assert!(!user.message_created(C1, 10, true, 0), "redelivered");
+    assert!(
+        !user.message_created(C1, 10, false, 0),
+        "redelivered, other list"
+    );
+    assert_eq!(user.version(), version, "nothing changed");
+    let state = user.get(C1).unwrap();
+    assert_eq!(
+        (
+            state.last_message_id,
+            state.mention_count,
+            state.unread_count
+        ),
+        (10, 1, 1)
+    );
+}
+
+#[test]
+fn a_late_older_message_does_not_count() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, false, 0);
+    assert!(!user.message_created(C1, 9, false, 0));
+    assert!(user.message_created(C1, 11, false, 0));
+    assert_eq!(user.get(C1).unwrap().unread_count, 2);
+}
+
+#[test]
+fn acks_raise_the_watermark_and_a_manual_ack_keeps_it() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, false, 0);
+    user.ack(C1, 20, 0);
+    assert_eq!(user.get(C1).unwrap().last_message_id, 20);
+    user.message_created(C1, 30, false, 0);
+    let state = user.manual_ack(C1, 15, 0, 2, 0);
+    assert_eq!((state.last_acked_id, state.last_message_id), (15, 30));
+    assert!(
+        !user.message_created(C1, 30, false, 0),
+        "a redelivery after \"mark unread\" counts nothing"
+    );
+    assert_eq!(user.get(C1).unwrap().unread_count, 2);
+}
+
+#[test]
+fn ack_all_reads_every_read_state_up_to_its_watermark_as_one_change() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, true, 0);
+    user.message_created(C2, 20, false, 0);
+    user.message_created(E1, 30, false, 0);
+    user.ack(Key::channel(3), 5, 0);
+    let before = user.version();
+    assert_eq!(user.ack_all(&[Kind::Channel], 0), 2, "only unread channels");
+    assert_eq!(user.version(), before + 1, "one version");
+    for (key, read_to) in [(C1, 10), (C2, 20)] {
+        let state = user.get(key).unwrap();
+        assert_eq!(
+            (state.last_acked_id, state.mention_count, state.unread_count),
+            (read_to, 0, 0)
+        );
+    }
+    assert_eq!(
+        user.get(E1).unwrap().unread_count,
+        1,
+        "other kinds untouched"
+    );
+    assert_eq!(user.ack_all(&[Kind::Channel], 0), 0, "nothing left unread");
+    assert_eq!(user.ack_all(&[], 0), 1, "empty: every kind");
+    assert_eq!(user.counts(), Counts::default());
+}
+
+#[test]
+fn a_deleted_message_uncounts_only_what_it_counted() {
+    let mut user = UserReadStates::default();
+    user.message_created(C1, 10, true, 0);
+    user.message_created(C1, 11, false, 0);
+    assert!(!user.message_deleted(C1, 12, false, 0), "never counted");
+    assert!(!user.message_deleted(C2, 10, false, 0), "no read state");
+    assert!(user.message_deleted(C1, 10, true, 0));
+    let state = user.get(C1).unwrap();
+    assert_eq!((state.mention_count, state.unread_count), (0, 1));
+    user.ack(C1, 11, 0);
+    assert!(!user.message_deleted(C1, 11, false, 0), "already read");
+    assert!(
+        !user.message_deleted(C1, 10, true, 0),
+        "read, and never below zero"
+    );
+}
+
+#[test]
+fn a_muted_read_state_counts_mentions_but_is_not_an_unread_channel() {
+    let mut user = UserReadStates::default();
+    assert!(
+        !user.set_muted(C1, false, 0),
+        "unmuting nothing changes nothing"
+    );
+    assert!(user.set_muted(C1, true, 0), "muting creates the read state");
+    assert!(!user.set_muted(C1, true, 0));
+    user.message_created(C1, 10, false, 0);
+    assert_eq!(user.counts().unread_channel_count, 0);
+    user.message_created(C1, 11, true, 0);
+    assert_eq!(
+        user.counts(),
+        Counts {
+            total_mention_count: 1,
+            unread_channel_count: 1
+        }
+    );
+    user.ack(C1, 11, 0);
+    assert!(user.get(C1).unwrap().muted, "an ack keeps the mute");
 }
 
 #[test]
@@ -260,11 +379,32 @@ fn from_stored_is_clean_and_sorted() {
 }
 
 /// The model: what a read state is, without any of the bookkeeping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct ModelState {
     last_acked_id: u64,
-    mention_count: u32,
-    unread_count: u32,
+    last_message_id: u64,
+    mention_count: u16,
+    unread_count: u16,
+    muted: bool,
+}
+
+impl ModelState {
+    fn of(e: &ReadState) -> ModelState {
+        ModelState {
+            last_acked_id: e.last_acked_id,
+            last_message_id: e.last_message_id,
+            mention_count: e.mention_count,
+            unread_count: e.unread_count,
+            muted: e.muted,
+        }
+    }
+
+    fn read_up_to(&mut self, id: u64) {
+        self.last_acked_id = id;
+        self.last_message_id = self.last_message_id.max(id);
+        self.mention_count = 0;
+        self.unread_count = 0;
+    }
 }
 
 type Model = BTreeMap<Key, ModelState>;
@@ -272,8 +412,11 @@ type Model = BTreeMap<Key, ModelState>;
 #[derive(Clone, Debug)]
 enum Op {
     Ack(Key, u64),
-    Manual(Key, u64, u32, u32),
+    Manual(Key, u64, u16, u16),
     Message(Key, u64, bool),
+    MessageDeleted(Key, u64, bool),
+    AckAll(Vec<Kind>),
+    Mute(Key, bool),
     Delete(Vec<Key>),
     DeleteAll,
     /// The store caught up to the current version.
@@ -288,10 +431,14 @@ fn key() -> impl Strategy<Value = Key> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
+    let kinds = prop::collection::vec((0u8..2).prop_map(|k| Kind::from_u8(k).unwrap()), 0..2);
     prop_oneof![
         4 => (key(), 1u64..30).prop_map(|(k, id)| Op::Ack(k, id)),
-        1 => (key(), 0u64..30, 0u32..4, 0u32..4).prop_map(|(k, id, m, u)| Op::Manual(k, id, m, u)),
+        1 => (key(), 0u64..30, 0u16..4, 0u16..4).prop_map(|(k, id, m, u)| Op::Manual(k, id, m, u)),
         6 => (key(), 1u64..30, any::<bool>()).prop_map(|(k, id, m)| Op::Message(k, id, m)),
+        3 => (key(), 1u64..30, any::<bool>()).prop_map(|(k, id, m)| Op::MessageDeleted(k, id, m)),
+        1 => kinds.prop_map(Op::AckAll),
+        1 => (key(), any::<bool>()).prop_map(|(k, m)| Op::Mute(k, m)),
         1 => prop::collection::vec(key(), 1..3).prop_map(Op::Delete),
         1 => Just(Op::DeleteAll),
         2 => Just(Op::Write),
@@ -300,60 +447,60 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// Applies `op` to the model; returns whether anything changed.
 fn apply_model(model: &mut Model, op: &Op) -> bool {
-    let fresh = ModelState {
-        last_acked_id: 0,
-        mention_count: 0,
-        unread_count: 0,
-    };
+    let existing = model.clone();
     match *op {
         Op::Ack(k, id) => {
-            let state = model.entry(k).or_insert(fresh);
-            if id <= state.last_acked_id {
-                if state == &fresh {
-                    model.remove(&k);
-                }
-                return false;
+            let state = model.entry(k).or_default();
+            if id > state.last_acked_id {
+                state.read_up_to(id);
             }
-            *state = ModelState {
-                last_acked_id: id,
-                ..fresh
-            };
-            true
         }
         Op::Manual(k, id, m, u) => {
-            model.insert(
-                k,
-                ModelState {
-                    last_acked_id: id,
-                    mention_count: m,
-                    unread_count: u,
-                },
-            );
-            true
+            let state = model.entry(k).or_default();
+            state.last_acked_id = id;
+            state.last_message_id = state.last_message_id.max(id);
+            state.mention_count = m;
+            state.unread_count = u;
+            return true;
         }
         Op::Message(k, id, mentioned) => {
-            let state = model.entry(k).or_insert(fresh);
-            if id <= state.last_acked_id {
-                return false;
+            let state = model.entry(k).or_default();
+            if id > state.last_acked_id.max(state.last_message_id) {
+                state.last_message_id = id;
+                state.unread_count = state.unread_count.saturating_add(1);
+                state.mention_count = state.mention_count.saturating_add(u16::from(mentioned));
             }
-            state.unread_count += 1;
-            state.mention_count += u32::from(mentioned);
-            true
         }
+        Op::MessageDeleted(k, id, mentioned) => {
+            if let Some(state) = model.get_mut(&k)
+                && state.last_acked_id < id
+                && id <= state.last_message_id
+            {
+                state.unread_count = state.unread_count.saturating_sub(1);
+                if mentioned {
+                    state.mention_count = state.mention_count.saturating_sub(1);
+                }
+            }
+        }
+        Op::AckAll(ref kinds) => {
+            for (key, state) in model.iter_mut() {
+                if kinds.is_empty() || kinds.contains(&key.kind) {
+                    state.read_up_to(state.last_acked_id.max(state.last_message_id));
+                }
+            }
+        }
+        Op::Mute(k, muted) => model.entry(k).or_default().muted = muted,
         Op::Delete(ref keys) => {
-            let before = model.len();
             for key in keys {
                 model.remove(key);
             }
-            model.len() != before
         }
-        Op::DeleteAll => {
-            let any = !model.is_empty();
-            model.clear();
-            any
-        }
-        Op::Write => false,
+        Op::DeleteAll => model.clear(),
+        Op::Write => {}
     }
+    // An untouched fresh read state is not created.
+    model.retain(|k, s| existing.contains_key(k) || *s != ModelState::default());
+    *model != existing
 }
 
 fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
@@ -367,6 +514,15 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
         Op::Message(k, id, mentioned) => {
             user.message_created(k, id, mentioned, now_us);
         }
+        Op::MessageDeleted(k, id, mentioned) => {
+            user.message_deleted(k, id, mentioned, now_us);
+        }
+        Op::AckAll(ref kinds) => {
+            user.ack_all(kinds, now_us);
+        }
+        Op::Mute(k, muted) => {
+            user.set_muted(k, muted, now_us);
+        }
         Op::Delete(ref keys) => {
             user.delete(keys, now_us);
         }
@@ -378,16 +534,16 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
 }
 
 fn as_model(user: &UserReadStates) -> Model {
-    user.live()
-        .map(|e| {
-            let state = ModelState {
-                last_acked_id: e.last_acked_id,
-                mention_count: e.mention_count,
-                unread_count: e.unread_count,
-            };
-            (e.key(), state)
-        })
-        .collect()
+    user.live().map(|e| (e.key(), ModelState::of(e))).collect()
+}
+
+fn model_counts(model: &Model) -> Counts {
+    model.values().fold(Counts::default(), |mut counts, s| {
+        counts.total_mention_count += u64::from(s.mention_count);
+        counts.unread_channel_count +=
+            u32::from(s.mention_count > 0 || (s.unread_count > 0 && !s.muted));
+        counts
+    })
 }
 
 proptest! {
@@ -401,6 +557,7 @@ proptest! {
             let changed = apply_model(&mut model, op);
             apply_real(&mut user, op, *now_us);
             prop_assert_eq!(as_model(&user), model.clone(), "after {:?}", op);
+            prop_assert_eq!(user.counts(), model_counts(&model));
             if changed {
                 prop_assert!(user.version() > version, "a change raises the version");
             } else if !matches!(op, Op::Manual(..) | Op::DeleteAll) {
@@ -424,11 +581,7 @@ proptest! {
                 held.remove(key);
             }
             for state in &delta.read_states {
-                held.insert(state.key(), ModelState {
-                    last_acked_id: state.last_acked_id,
-                    mention_count: state.mention_count,
-                    unread_count: state.unread_count,
-                });
+                held.insert(state.key(), ModelState::of(state));
             }
             prop_assert_eq!(held, model);
         }

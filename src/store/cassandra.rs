@@ -1,6 +1,6 @@
 //! Cassandra or ScyllaDB, through the scylla driver: the production store.
 //!
-//! One partition per user (`schema/002_read_states.cql`). A load is one
+//! One partition per user (`schema/002_read_states.cql`, `004_*`). A load is one
 //! partition read; a write is one single-partition unlogged batch (split in
 //! chunks for very large users, never across partitions), every statement
 //! prepared and idempotent, every row stamped `USING TIMESTAMP` with its
@@ -26,7 +26,7 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
-use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION};
+use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION, saturated_count};
 
 const NAME: &str = "cassandra";
 /// Statements per batch: well under Cassandra's 5 KiB batch-size warning.
@@ -87,12 +87,13 @@ impl CassandraStore {
         };
         let load = prepare(format!(
             "SELECT kind, channel_id, last_acked_id, mention_count, unread_count, version, deleted, \
-             user_version, delta_floor FROM {table} WHERE user_id = ?"
+             user_version, delta_floor, last_message_id, muted FROM {table} WHERE user_id = ?"
         ))
         .await?;
         let upsert = prepare(format!(
             "INSERT INTO {table} (user_id, kind, channel_id, last_acked_id, mention_count, unread_count, \
-             version, deleted) VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?"
+             version, deleted, last_message_id, muted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             USING TIMESTAMP ? AND TTL ?"
         ))
         .await?;
         let statics = prepare(format!(
@@ -150,6 +151,8 @@ type Row = (
     Option<bool>,
     Option<i64>,
     Option<i64>,
+    Option<i64>,
+    Option<bool>,
 );
 
 #[async_trait]
@@ -177,6 +180,8 @@ impl Store for CassandraStore {
                 deleted,
                 user_version,
                 floor,
+                last_message_id,
+                muted,
             ) = row.map_err(error)?;
             // Static columns come with every row, and alone when the user
             // has no rows (after a wipe).
@@ -191,14 +196,18 @@ impl Store for CassandraStore {
                 .ok_or_else(|| {
                     StoreError::new(NAME, format!("user {user_id}: unknown kind {kind}"))
                 })?;
+            // Columns added later (004) are null in older rows.
+            let count = |c: Option<i32>| saturated_count(c.unwrap_or(0).max(0) as u32);
             user.read_states.push(ReadState {
                 channel_id: channel_id as u64,
                 last_acked_id: last_acked_id.unwrap_or(0) as u64,
+                last_message_id: last_message_id.unwrap_or(0) as u64,
                 version: version.unwrap_or(0) as u64,
-                mention_count: mention_count.unwrap_or(0) as u32,
-                unread_count: unread_count.unwrap_or(0) as u32,
+                mention_count: count(mention_count),
+                unread_count: count(unread_count),
                 kind,
                 deleted: deleted.unwrap_or(false),
+                muted: muted.unwrap_or(false),
             });
         }
         // Tombstones under the floor are as good as gone (their TTL will
@@ -244,10 +253,12 @@ impl CassandraStore {
                 i32::from(state.kind as u8),
                 state.channel_id as i64,
                 state.last_acked_id as i64,
-                state.mention_count as i32,
-                state.unread_count as i32,
+                i32::from(state.mention_count),
+                i32::from(state.unread_count),
                 version,
                 state.deleted,
+                state.last_message_id as i64,
+                state.muted,
                 version,
                 ttl,
             );

@@ -5,15 +5,19 @@
 use super::{Store, StoredUser, UserWrite};
 use crate::read_state::{Kind, ReadState};
 
+/// A read state with every field set (a live one muted or not by kind), so
+/// that a round trip that loses a field fails.
 fn state(channel_id: u64, kind: Kind, version: u64, deleted: bool) -> ReadState {
     ReadState {
         channel_id,
         last_acked_id: if deleted { 0 } else { channel_id * 10 },
+        last_message_id: if deleted { 0 } else { channel_id * 10 + 7 },
         version,
         mention_count: if deleted { 0 } else { 2 },
         unread_count: if deleted { 0 } else { 3 },
         kind,
         deleted,
+        muted: !deleted && kind == Kind::GuildEvent,
     }
 }
 

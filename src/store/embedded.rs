@@ -15,7 +15,7 @@ use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend, TableDefinition};
 
 use super::{Store, StoreError, StoredUser, UserWrite};
-use crate::read_state::{Kind, ReadState};
+use crate::read_state::{Kind, ReadState, saturated_count};
 
 type RowKey = (u64, u8, u64);
 const READ_STATES: TableDefinition<RowKey, &[u8]> = TableDefinition::new("read_states");
@@ -240,31 +240,49 @@ fn user_range(user_id: u64) -> std::ops::RangeInclusive<RowKey> {
     (user_id, 0, 0)..=(user_id, u8::MAX, u64::MAX)
 }
 
-const VALUE_LEN: usize = 8 + 8 + 4 + 4 + 1;
+/// A row's value: last_acked_id, version, mention_count (u32),
+/// unread_count (u32), flags, then last_message_id; little-endian. The first
+/// 25 bytes are the whole row of files written before the watermark (whose
+/// flags byte was 0 or 1 for `deleted`), and such rows still decode, with a
+/// watermark of 0.
+const VALUE_LEN: usize = 8 + 8 + 4 + 4 + 1 + 8;
+const VALUE_LEN_BEFORE_WATERMARK: usize = 8 + 8 + 4 + 4 + 1;
+const DELETED: u8 = 1;
+const MUTED: u8 = 2;
 
 fn encode(state: &ReadState) -> [u8; VALUE_LEN] {
     let mut out = [0; VALUE_LEN];
     out[0..8].copy_from_slice(&state.last_acked_id.to_le_bytes());
     out[8..16].copy_from_slice(&state.version.to_le_bytes());
-    out[16..20].copy_from_slice(&state.mention_count.to_le_bytes());
-    out[20..24].copy_from_slice(&state.unread_count.to_le_bytes());
-    out[24] = u8::from(state.deleted);
+    out[16..20].copy_from_slice(&u32::from(state.mention_count).to_le_bytes());
+    out[20..24].copy_from_slice(&u32::from(state.unread_count).to_le_bytes());
+    out[24] = if state.deleted { DELETED } else { 0 } | if state.muted { MUTED } else { 0 };
+    out[25..33].copy_from_slice(&state.last_message_id.to_le_bytes());
     out
 }
 
 fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Failure> {
     let corrupt = || Failure::Corrupt(format!("corrupt row for channel {channel_id}"));
-    let value: &[u8; VALUE_LEN] = value.try_into().map_err(|_| corrupt())?;
-    let u64_at = |i: usize| u64::from_le_bytes(value[i..i + 8].try_into().unwrap_or_default());
+    if value.len() != VALUE_LEN && value.len() != VALUE_LEN_BEFORE_WATERMARK {
+        return Err(corrupt());
+    }
+    let u64_at = |i: usize| {
+        value
+            .get(i..i + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+    };
     let u32_at = |i: usize| u32::from_le_bytes(value[i..i + 4].try_into().unwrap_or_default());
+    let flags = value[24];
     Ok(ReadState {
         channel_id,
         last_acked_id: u64_at(0),
+        last_message_id: u64_at(25),
         version: u64_at(8),
-        mention_count: u32_at(16),
-        unread_count: u32_at(20),
+        mention_count: saturated_count(u32_at(16)),
+        unread_count: saturated_count(u32_at(20)),
         kind: Kind::from_u8(kind).ok_or_else(corrupt)?,
-        deleted: value[24] != 0,
+        deleted: flags & DELETED != 0,
+        muted: flags & MUTED != 0,
     })
 }
 

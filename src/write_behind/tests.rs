@@ -54,7 +54,7 @@ async fn unread(cache: &Arc<Cache>, user_id: u64, channel_id: u64) -> u32 {
     cache
         .read(user_id, |u| {
             u.get(Key::channel(channel_id))
-                .map_or(0, |s| s.unread_count)
+                .map_or(0, |s| u32::from(s.unread_count))
         })
         .await
         .unwrap()
@@ -102,7 +102,11 @@ async fn changes_within_the_window_coalesce_into_one_write() {
         "one row per changed read state"
     );
     let stored = store.load(1).await.unwrap();
-    let total: u32 = stored.read_states.iter().map(|s| s.unread_count).sum();
+    let total: u32 = stored
+        .read_states
+        .iter()
+        .map(|s| u32::from(s.unread_count))
+        .sum();
     assert_eq!(total, 100);
 }
 

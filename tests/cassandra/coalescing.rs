@@ -42,7 +42,7 @@ async fn changes_within_the_window_coalesce() {
         .unwrap()
         .read_states
         .iter()
-        .map(|s| s.unread_count)
+        .map(|s| u32::from(s.unread_count))
         .sum();
     assert_eq!(unread, 60);
     assert!(server.terminate().success());

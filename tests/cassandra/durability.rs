@@ -196,7 +196,7 @@ async fn a_shutdown_under_load_loses_nothing_and_says_so() {
             .read_states
             .iter()
             .find(|s| s.channel_id == COUNTED_CHANNEL)
-            .map_or(0, |s| s.unread_count);
+            .map_or(0, |s| u32::from(s.unread_count));
         assert!(
             (ok..=ok + unknown).contains(&unread),
             "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"

@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 3] = [
+const MIGRATIONS: [(&str, &str); 4] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -19,6 +19,10 @@ const MIGRATIONS: [(&str, &str); 3] = [
     (
         "003_gc_grace.cql",
         include_str!("../../../schema/003_gc_grace.cql"),
+    ),
+    (
+        "004_watermark_and_mute.cql",
+        include_str!("../../../schema/004_watermark_and_mute.cql"),
     ),
 ];
 
@@ -100,10 +104,11 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 3);
+        assert_eq!(all.len(), 5);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
+        assert!(all[3..].iter().all(|s| s.contains(" ADD IF NOT EXISTS ")));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use redb::BackendError;
 
 use super::*;
-use crate::read_state::UserReadStates;
+use crate::read_state::{Key, MAX_COUNT, UserReadStates};
+use crate::store::UserWrite;
 
 /// A file backend whose next `failures` writes fail with "file too large".
 #[derive(Debug)]
@@ -117,4 +118,72 @@ async fn a_transient_io_error_does_not_break_later_writes() {
     drop(store);
     let reopened = EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(reopened.load(2).await.unwrap().read_states.len(), 1);
+}
+
+/// A file written by the version before the watermark (25-byte rows, made by
+/// that version's `EmbeddedStore` at commit a922f91): this version reads it,
+/// with watermark 0 and nothing muted, and writes beside it.
+#[tokio::test]
+async fn reads_a_file_written_before_the_watermark() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/embedded-before-watermark/readstates.redb"
+    );
+    std::fs::copy(fixture, dir.path().join(FILE_NAME)).unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+
+    let mut user = store.load(42).await.unwrap();
+    user.read_states.sort_by_key(ReadState::key);
+    assert_eq!(
+        (user.version, user.delta_floor),
+        (1_700_000_000_000_300, 1_700_000_000_000_000)
+    );
+    let state = |channel_id, kind, acked, mentions, unread, version, deleted| ReadState {
+        last_acked_id: acked,
+        mention_count: mentions,
+        unread_count: unread,
+        version,
+        deleted,
+        ..ReadState::new(Key { kind, channel_id })
+    };
+    assert_eq!(
+        user.read_states,
+        vec![
+            state(1001, Kind::Channel, 500, 2, 7, 1_700_000_000_000_100, false),
+            state(1003, Kind::Channel, 0, 0, 0, 1_700_000_000_000_300, true),
+            state(
+                1002,
+                Kind::GuildEvent,
+                600,
+                0,
+                1,
+                1_700_000_000_000_200,
+                false
+            ),
+        ]
+    );
+    let other = store.load(43).await.unwrap();
+    assert_eq!(
+        other.read_states[0].mention_count, MAX_COUNT,
+        "a count stored above 65,535 saturates"
+    );
+
+    // Rows of both formats side by side.
+    let mut newer = user.read_states[0];
+    newer.last_message_id = 510;
+    newer.muted = true;
+    newer.version += 1_000;
+    let write = UserWrite {
+        user_id: 42,
+        version: newer.version,
+        delta_floor: user.delta_floor,
+        clear_below: None,
+        read_states: vec![newer],
+    };
+    store.write(&write).await.unwrap();
+    let mut again = store.load(42).await.unwrap();
+    again.read_states.sort_by_key(ReadState::key);
+    assert_eq!(again.read_states[0], newer);
+    assert_eq!(again.read_states[2], user.read_states[2]);
 }

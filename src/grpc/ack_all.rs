@@ -1,0 +1,30 @@
+//! `AckAll`: "mark all read", every read state of a user (of some kinds)
+//! read up to its watermark, as one change.
+
+use std::sync::Arc;
+
+use super::validate;
+use crate::cache::Cache;
+use crate::error::Error;
+use crate::proto::{AckAllRequest, AckAllResponse};
+use crate::read_state::Kind;
+
+pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllResponse, Error> {
+    let user_id = validate::id("user_id", request.user_id)?;
+    validate::at_most("kinds", request.kinds.len(), Kind::ALL.len())?;
+    let kinds = request
+        .kinds
+        .iter()
+        .enumerate()
+        .map(|(i, &kind)| validate::kind(format_args!("kinds[{i}]"), kind))
+        .collect::<Result<Vec<Kind>, Error>>()?;
+    cache
+        .update(user_id, |user, now_us| {
+            let updated = user.ack_all(&kinds, now_us);
+            AckAllResponse {
+                version: user.version(),
+                updated,
+            }
+        })
+        .await
+}

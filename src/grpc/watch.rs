@@ -1,0 +1,167 @@
+//! `Watch`: a live change stream. The client subscribes and unsubscribes
+//! users on the request stream; each subscription first gets what changed
+//! since the client's version, then every change, from the cache shard that
+//! holds the user (see [`crate::watch`]).
+//!
+//! A refused subscribe or unsubscribe is answered with a `rejected` event
+//! for that user and the stream goes on: one bad request must not cost a
+//! gateway the thousands of other subscriptions on its stream. A request
+//! stream that cannot be decoded ends the stream with its status; shutdown
+//! ends it with `UNAVAILABLE`, after the events already queued.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+
+use super::validate;
+use crate::cache::Cache;
+use crate::error::Error;
+use crate::proto::{
+    ReadStatesChanged, WatchEvent, WatchRejected, WatchRequest, WatchResync, watch_event,
+    watch_request,
+};
+use crate::watch::{Event, Feed};
+
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+/// Starts serving one stream: a task reads its requests, and the returned
+/// stream sends its feed.
+pub fn handle(
+    cache: Arc<Cache>,
+    requests: Streaming<WatchRequest>,
+    buffer: usize,
+    stopping: CancellationToken,
+) -> WatchStream {
+    let feed = Feed::new(buffer);
+    tokio::spawn(serve_requests(cache, requests, feed.clone(), stopping));
+    let events = futures::stream::unfold(Sender(feed), |sender| async move {
+        match sender.0.next().await {
+            Ok(event) => Some((Ok(to_proto(event)), sender)),
+            // The feed is drained and closed: the next poll ends the stream.
+            Err(Some(error)) => Some((Err(Status::from(error)), sender)),
+            Err(None) => None,
+        }
+    });
+    Box::pin(events)
+}
+
+/// The sending half; the client going away drops it, which closes the feed.
+struct Sender(Arc<Feed>);
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.0.close(None);
+    }
+}
+
+/// Applies the stream's requests until the stream ends, then unsubscribes
+/// everything it subscribed.
+async fn serve_requests(
+    cache: Arc<Cache>,
+    mut requests: Streaming<WatchRequest>,
+    feed: Arc<Feed>,
+    stopping: CancellationToken,
+) {
+    let mut reading = true;
+    loop {
+        // A client that does not read its events gets no more requests read.
+        feed.room().await;
+        tokio::select! {
+            biased;
+            () = stopping.cancelled() => {
+                feed.close(Some(Error::ShuttingDown));
+                break;
+            }
+            () = feed.closed() => break,
+            request = requests.message(), if reading => match request {
+                Ok(Some(request)) => apply(&cache, &feed, request).await,
+                // Half-closed: keep sending until the client goes away.
+                Ok(None) => reading = false,
+                Err(status) => {
+                    feed.close(Some(Error::BadStream(status.message().to_owned())));
+                    break;
+                }
+            },
+        }
+    }
+    for user_id in feed.users() {
+        cache.unsubscribe(user_id, &feed);
+    }
+}
+
+async fn apply(cache: &Arc<Cache>, feed: &Arc<Feed>, request: WatchRequest) {
+    let (user_id, result) = match request.action {
+        Some(watch_request::Action::Subscribe(subscribe)) => {
+            let user_id = subscribe.user_id;
+            (
+                user_id,
+                subscribe_user(cache, feed, user_id, subscribe.since_version).await,
+            )
+        }
+        Some(watch_request::Action::Unsubscribe(unsubscribe)) => {
+            let user_id = unsubscribe.user_id;
+            let result = validate::id("unsubscribe.user_id", user_id).and_then(|user_id| {
+                feed.forget(user_id);
+                if cache.unsubscribe(user_id, feed) {
+                    Ok(())
+                } else {
+                    Err(Error::NotSubscribed { user_id })
+                }
+            });
+            (user_id, result)
+        }
+        None => (
+            0,
+            Err(Error::invalid("action", "must be subscribe or unsubscribe")),
+        ),
+    };
+    if let Err(error) = result {
+        feed.reject(user_id, error);
+    }
+}
+
+async fn subscribe_user(
+    cache: &Arc<Cache>,
+    feed: &Arc<Feed>,
+    user_id: u64,
+    since: u64,
+) -> Result<(), Error> {
+    let user_id = validate::id("subscribe.user_id", user_id)?;
+    let subscribed = feed.subscribed();
+    if subscribed >= validate::MAX_WATCHED_USERS_PER_STREAM {
+        return Err(Error::TooManySubscriptions {
+            limit: validate::MAX_WATCHED_USERS_PER_STREAM,
+        });
+    }
+    cache.subscribe(user_id, feed, since).await
+}
+
+fn to_proto(event: Event) -> WatchEvent {
+    match event {
+        Event::Changed(change) => WatchEvent {
+            user_id: change.user_id,
+            event: Some(watch_event::Event::Changed(ReadStatesChanged {
+                version: change.version,
+                partial: change.partial,
+                read_states: change.read_states.iter().map(Into::into).collect(),
+                deleted: change.deleted.iter().map(|&k| k.into()).collect(),
+                total_mention_count: change.counts.total_mention_count,
+                unread_channel_count: change.counts.unread_channel_count,
+            })),
+        },
+        Event::Resync { user_id, version } => WatchEvent {
+            user_id,
+            event: Some(watch_event::Event::Resync(WatchResync { version })),
+        },
+        Event::Rejected { user_id, error } => WatchEvent {
+            user_id,
+            event: Some(watch_event::Event::Rejected(WatchRejected {
+                code: error.code() as i32,
+                message: error.to_string(),
+            })),
+        },
+    }
+}
