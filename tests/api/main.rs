@@ -9,5 +9,8 @@ mod get_badge_counts;
 mod get_read_states;
 mod helpers;
 mod message_created;
+mod message_deleted;
 mod operations;
+mod redelivery;
 mod restart;
+mod set_muted;
