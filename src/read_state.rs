@@ -404,7 +404,7 @@ impl UserReadStates {
     /// Returns whether it changed.
     pub fn set_muted(&mut self, key: Key, muted: bool, now_us: u64) -> bool {
         let position = self.position(key);
-        if self.live_at(position).map_or(false, |e| e.muted) == muted {
+        if self.live_at(position).is_some_and(|e| e.muted) == muted {
             return false;
         }
         let version = self.next_version(now_us);

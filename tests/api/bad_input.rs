@@ -159,3 +159,68 @@ async fn get_badge_counts_refuses_bad_input() {
     );
     assert_invalid(c.get_badge_counts(badges(vec![0])).await, &["user_ids[0]"]);
 }
+
+#[tokio::test]
+async fn ack_all_refuses_bad_input() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    let ack_all = |user_id, kinds: Vec<i32>| AckAllRequest { user_id, kinds };
+    assert_invalid(c.ack_all(ack_all(0, vec![])).await, &["user_id"]);
+    assert_invalid(
+        c.ack_all(ack_all(1, vec![0, 42])).await,
+        &["kinds[1]", "42"],
+    );
+    assert_invalid(c.ack_all(ack_all(1, vec![0; 7])).await, &["kinds", "6"]);
+}
+
+#[tokio::test]
+async fn message_deleted_refuses_bad_input() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    let deleted = |channel_id, message_id, users: Vec<u64>, kind| MessageDeletedRequest {
+        channel_id,
+        message_id,
+        mentioned_user_ids: vec![],
+        unread_user_ids: users,
+        kind,
+    };
+    assert_invalid(
+        c.message_deleted(deleted(0, 1, vec![1], 0)).await,
+        &["channel_id"],
+    );
+    assert_invalid(
+        c.message_deleted(deleted(1, 0, vec![1], 0)).await,
+        &["message_id"],
+    );
+    assert_invalid(
+        c.message_deleted(deleted(1, 1, vec![1], 9)).await,
+        &["kind", "9"],
+    );
+    assert_invalid(
+        c.message_deleted(deleted(1, 1, vec![1, 0], 0)).await,
+        &["unread_user_ids[1]"],
+    );
+    assert_invalid(
+        c.message_deleted(deleted(1, 1, vec![1; MAX_MESSAGE_USERS + 1], 0))
+            .await,
+        &[
+            "mentioned_user_ids + unread_user_ids",
+            &MAX_MESSAGE_USERS.to_string(),
+        ],
+    );
+}
+
+#[tokio::test]
+async fn set_muted_refuses_bad_input() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    let mute = |user_id, channel_id, kind| SetMutedRequest {
+        user_id,
+        channel_id,
+        kind,
+        muted: true,
+    };
+    assert_invalid(c.set_muted(mute(0, 1, 0)).await, &["user_id"]);
+    assert_invalid(c.set_muted(mute(1, 0, 0)).await, &["channel_id"]);
+    assert_invalid(c.set_muted(mute(1, 1, 42)).await, &["kind", "42"]);
+}

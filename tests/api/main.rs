@@ -14,3 +14,4 @@ mod operations;
 mod redelivery;
 mod restart;
 mod set_muted;
+mod watch;

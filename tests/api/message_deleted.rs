@@ -10,7 +10,12 @@ use tonic::Request;
 
 use crate::helpers::{spawn_app, spawn_app_on, spawn_app_with, test_config};
 
-fn deleted(channel_id: u64, message_id: u64, mentioned: &[u64], unread: &[u64]) -> MessageDeletedRequest {
+fn deleted(
+    channel_id: u64,
+    message_id: u64,
+    mentioned: &[u64],
+    unread: &[u64],
+) -> MessageDeletedRequest {
     MessageDeletedRequest {
         channel_id,
         message_id,
@@ -26,22 +31,41 @@ async fn a_deletion_lowers_only_the_counts_it_raised_and_a_retry_lowers_nothing(
     let c = &mut app.client;
     // Users 1 and 2 were mentioned; user 2 then read past it; user 3 has no
     // read state of the channel.
-    c.message_created(message(10, 100, 0, &[1, 2], &[])).await.unwrap();
-    c.ack(readstates::test_support::ack(2, 10, 100)).await.unwrap();
-    c.message_created(message(10, 101, 0, &[], &[1, 2])).await.unwrap();
+    c.message_created(message(10, 100, 0, &[1, 2], &[]))
+        .await
+        .unwrap();
+    c.ack(readstates::test_support::ack(2, 10, 100))
+        .await
+        .unwrap();
+    c.message_created(message(10, 101, 0, &[], &[1, 2]))
+        .await
+        .unwrap();
 
-    let answer = c.message_deleted(deleted(10, 100, &[1, 2, 3], &[])).await.unwrap();
+    let answer = c
+        .message_deleted(deleted(10, 100, &[1, 2, 3], &[]))
+        .await
+        .unwrap();
     assert_eq!(answer.into_inner().updated, 1, "only user 1 counted it");
-    let retry = c.message_deleted(deleted(10, 100, &[1, 2, 3], &[])).await.unwrap();
+    let retry = c
+        .message_deleted(deleted(10, 100, &[1, 2, 3], &[]))
+        .await
+        .unwrap();
     assert_eq!(retry.into_inner().updated, 0, "a retry lowers nothing");
 
     let counts = |s: &ReadState| (s.mention_count, s.unread_count);
     assert_eq!(counts(&app.all_read_states(1).await.read_states[0]), (0, 1));
     assert_eq!(counts(&app.all_read_states(2).await.read_states[0]), (0, 1));
-    assert!(app.all_read_states(3).await.read_states.is_empty(), "none created");
+    assert!(
+        app.all_read_states(3).await.read_states.is_empty(),
+        "none created"
+    );
 
     // Another message's deletion is its own.
-    let other = app.client.message_deleted(deleted(10, 101, &[], &[1, 2])).await.unwrap();
+    let other = app
+        .client
+        .message_deleted(deleted(10, 101, &[], &[1, 2]))
+        .await
+        .unwrap();
     assert_eq!(other.into_inner().updated, 2);
     assert_eq!(counts(&app.all_read_states(1).await.read_states[0]), (0, 0));
     // Counted but already at zero (marked unread with 0): never below zero.
@@ -50,9 +74,15 @@ async fn a_deletion_lowers_only_the_counts_it_raised_and_a_retry_lowers_nothing(
         ..readstates::test_support::ack(1, 10, 99)
     };
     app.client.ack(manual).await.unwrap();
-    let floor = app.client.message_deleted(deleted(10, 100, &[], &[1])).await;
+    let floor = app
+        .client
+        .message_deleted(deleted(10, 100, &[], &[1]))
+        .await;
     assert_eq!(floor.unwrap().into_inner().updated, 0, "remembered anyway");
-    let zero = app.client.message_deleted(deleted(10, 101, &[1], &[])).await;
+    let zero = app
+        .client
+        .message_deleted(deleted(10, 101, &[1], &[]))
+        .await;
     assert_eq!(zero.unwrap().into_inner().updated, 0);
     assert_eq!(counts(&app.all_read_states(1).await.read_states[0]), (0, 0));
 }
@@ -64,13 +94,23 @@ async fn a_retry_after_the_window_may_lower_again() {
     let mut app = spawn_app_with(config).await;
     let c = &mut app.client;
     for id in [100, 101] {
-        c.message_created(message(10, id, 0, &[], &[1])).await.unwrap();
+        c.message_created(message(10, id, 0, &[], &[1]))
+            .await
+            .unwrap();
     }
-    c.message_deleted(deleted(10, 100, &[], &[1])).await.unwrap();
-    let within = c.message_deleted(deleted(10, 100, &[], &[1])).await.unwrap();
+    c.message_deleted(deleted(10, 100, &[], &[1]))
+        .await
+        .unwrap();
+    let within = c
+        .message_deleted(deleted(10, 100, &[], &[1]))
+        .await
+        .unwrap();
     assert_eq!(within.into_inner().updated, 0);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let after = c.message_deleted(deleted(10, 100, &[], &[1])).await.unwrap();
+    let after = c
+        .message_deleted(deleted(10, 100, &[], &[1]))
+        .await
+        .unwrap();
     assert_eq!(after.into_inner().updated, 1, "as the proto says");
     assert_eq!(app.all_read_states(1).await.read_states[0].unread_count, 0);
 }
@@ -95,23 +135,48 @@ async fn a_deletion_cut_by_its_deadline_and_retried_lowers_once() {
         request
     };
     // Users are evicted (capacity 1), so loads come first: cut there.
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(200))));
-    let before_apply = app.client.message_deleted(cut(deleted(10, 100, &[], &[1, 2]))).await;
+    store.inject(Fault::new(
+        Operation::Load,
+        Effect::Delay(Duration::from_millis(200)),
+    ));
+    let before_apply = app
+        .client
+        .message_deleted(cut(deleted(10, 100, &[], &[1, 2])))
+        .await;
     assert!(before_apply.is_err());
     store.clear();
-    let retry = app.client.message_deleted(deleted(10, 100, &[], &[1, 2])).await;
-    assert_eq!(retry.unwrap().into_inner().updated, 2, "the retry applies it");
+    let retry = app
+        .client
+        .message_deleted(deleted(10, 100, &[], &[1, 2]))
+        .await;
+    assert_eq!(
+        retry.unwrap().into_inner().updated,
+        2,
+        "the retry applies it"
+    );
 
     // Cut while its write is under way: applied already.
-    store.inject(Fault::new(Operation::Write, Effect::Delay(Duration::from_millis(200))));
-    let during_write = app.client.message_deleted(cut(deleted(10, 101, &[], &[1, 2]))).await;
+    store.inject(Fault::new(
+        Operation::Write,
+        Effect::Delay(Duration::from_millis(200)),
+    ));
+    let during_write = app
+        .client
+        .message_deleted(cut(deleted(10, 101, &[], &[1, 2])))
+        .await;
     assert!(during_write.is_err());
     store.clear();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let retry = app.client.message_deleted(deleted(10, 101, &[], &[1, 2])).await;
+    let retry = app
+        .client
+        .message_deleted(deleted(10, 101, &[], &[1, 2]))
+        .await;
     assert_eq!(retry.unwrap().into_inner().updated, 0, "not again");
     for user_id in [1, 2] {
         let state = &app.all_read_states(user_id).await.read_states[0];
-        assert_eq!(state.unread_count, 1, "user {user_id}: lowered twice in all");
+        assert_eq!(
+            state.unread_count, 1,
+            "user {user_id}: lowered twice in all"
+        );
     }
 }

@@ -75,7 +75,11 @@ async fn a_message_delivered_twice_and_once_more_after_a_cut_counts_once() {
         }
         let first = app.client.message_created(m.clone()).await.unwrap();
         let again = app.client.message_created(m.clone()).await.unwrap();
-        assert_eq!(again.into_inner().updated, 0, "a redelivery changes nothing");
+        assert_eq!(
+            again.into_inner().updated,
+            0,
+            "a redelivery changes nothing"
+        );
         if i % 2 == 1 {
             assert!(first.into_inner().updated > 0);
         }
@@ -91,12 +95,21 @@ async fn a_message_delivered_twice_and_once_more_after_a_cut_counts_once() {
 async fn a_late_older_message_is_not_counted() {
     let mut app = spawn_app().await;
     let c = &mut app.client;
-    c.message_created(message(10, 200, 0, &[], &[1])).await.unwrap();
-    let late = c.message_created(message(10, 150, 0, &[1], &[])).await.unwrap();
+    c.message_created(message(10, 200, 0, &[], &[1]))
+        .await
+        .unwrap();
+    let late = c
+        .message_created(message(10, 150, 0, &[1], &[]))
+        .await
+        .unwrap();
     assert_eq!(late.into_inner().updated, 0);
     let state = &app.all_read_states(1).await.read_states[0];
     assert_eq!(
-        (state.last_message_id, state.mention_count, state.unread_count),
+        (
+            state.last_message_id,
+            state.mention_count,
+            state.unread_count
+        ),
         (200, 0, 1)
     );
 }
@@ -105,8 +118,12 @@ async fn a_late_older_message_is_not_counted() {
 async fn ack_all_marks_everything_read_up_to_each_watermark_in_one_version() {
     let mut app = spawn_app().await;
     let c = &mut app.client;
-    c.message_created(message(10, 100, 0, &[1], &[])).await.unwrap();
-    c.message_created(message(11, 200, 0, &[], &[1])).await.unwrap();
+    c.message_created(message(10, 100, 0, &[1], &[]))
+        .await
+        .unwrap();
+    c.message_created(message(11, 200, 0, &[], &[1]))
+        .await
+        .unwrap();
     let event = MessageCreatedRequest {
         kind: ReadStateKind::GuildEvent as i32,
         ..message(12, 300, 0, &[], &[1])
@@ -118,25 +135,48 @@ async fn ack_all_marks_everything_read_up_to_each_watermark_in_one_version() {
         user_id: 1,
         kinds: vec![ReadStateKind::Channel as i32],
     };
-    let answer = app.client.ack_all(channels_only.clone()).await.unwrap().into_inner();
+    let answer = app
+        .client
+        .ack_all(channels_only.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(answer.updated, 2);
     let after = app.all_read_states(1).await;
     assert_eq!(after.version, answer.version);
-    let changed: Vec<_> = after.read_states.iter().filter(|s| s.version > before).collect();
+    let changed: Vec<_> = after
+        .read_states
+        .iter()
+        .filter(|s| s.version > before)
+        .collect();
     assert_eq!(changed.len(), 2, "{changed:?}");
-    assert!(changed.iter().all(|s| s.version == answer.version), "one version");
+    assert!(
+        changed.iter().all(|s| s.version == answer.version),
+        "one version"
+    );
     for state in &changed {
         assert_eq!(state.last_acked_id, state.last_message_id);
         assert_eq!((state.mention_count, state.unread_count), (0, 0));
     }
-    assert_eq!(after.unread_channel_count, 1, "the guild event is still unread");
+    assert_eq!(
+        after.unread_channel_count, 1,
+        "the guild event is still unread"
+    );
 
-    let again = app.client.ack_all(channels_only).await.unwrap().into_inner();
+    let again = app
+        .client
+        .ack_all(channels_only)
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!((again.updated, again.version), (0, answer.version));
     let all = AckAllRequest {
         user_id: 1,
         kinds: vec![],
     };
-    assert_eq!(app.client.ack_all(all).await.unwrap().into_inner().updated, 1);
+    assert_eq!(
+        app.client.ack_all(all).await.unwrap().into_inner().updated,
+        1
+    );
     assert_eq!(app.all_read_states(1).await.unread_channel_count, 0);
 }

@@ -22,10 +22,20 @@ async fn a_muted_channel_is_unread_only_when_mentioned() {
     let muted = c.set_muted(mute(1, 10, true)).await.unwrap().into_inner();
     assert!(muted.applied);
     assert!(muted.read_state.unwrap().muted);
-    assert!(!c.set_muted(mute(1, 10, true)).await.unwrap().into_inner().applied);
+    assert!(
+        !c.set_muted(mute(1, 10, true))
+            .await
+            .unwrap()
+            .into_inner()
+            .applied
+    );
 
-    c.message_created(message(10, 100, 0, &[], &[1])).await.unwrap();
-    c.message_created(message(11, 100, 0, &[], &[1])).await.unwrap();
+    c.message_created(message(10, 100, 0, &[], &[1]))
+        .await
+        .unwrap();
+    c.message_created(message(11, 100, 0, &[], &[1]))
+        .await
+        .unwrap();
     let state = app.all_read_states(1).await;
     assert_eq!(state.unread_channel_count, 1, "only the unmuted channel");
     let badge = app
@@ -47,8 +57,18 @@ async fn a_muted_channel_is_unread_only_when_mentioned() {
         "a mention counts, muted or not"
     );
 
-    let unmuted = app.client.set_muted(mute(1, 10, false)).await.unwrap().into_inner();
+    let unmuted = app
+        .client
+        .set_muted(mute(1, 10, false))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(unmuted.applied && !unmuted.read_state.unwrap().muted);
-    let unknown = app.client.set_muted(mute(1, 99, false)).await.unwrap().into_inner();
+    let unknown = app
+        .client
+        .set_muted(mute(1, 99, false))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!unknown.applied && unknown.read_state.is_none());
 }

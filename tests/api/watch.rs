@@ -1,0 +1,362 @@
+//! The Watch stream: subscribe, the delta first, then every change in
+//! version order; bounded buffers with resync; refusals that leave the
+//! stream up; garbage; shutdown.
+
+use std::time::Duration;
+
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::proto::*;
+use readstates::test_support::{ack, message};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_config};
+
+/// One open Watch stream.
+struct Watcher {
+    requests: mpsc::Sender<WatchRequest>,
+    events: Streaming<WatchEvent>,
+}
+
+impl Watcher {
+    async fn open(app: &TestApp) -> Watcher {
+        Watcher::open_on(app.channel().await).await
+    }
+
+    /// A stream whose client takes at most 64 KiB ahead of what it reads
+    /// (hyper's default is 2 MiB), so that a reader that stops reading
+    /// quickly fills the server's buffer. The connection window stays at
+    /// hyper's 5 MiB: h2 allows half of it in buffered small DATA frames
+    /// (one event each here) before it gives up on the connection.
+    async fn open_small_window(app: &TestApp) -> Watcher {
+        let channel = Channel::from_shared(format!("http://{}", app.addr))
+            .unwrap()
+            .initial_stream_window_size(65_535)
+            .connect()
+            .await
+            .unwrap();
+        Watcher::open_on(channel).await
+    }
+
+    async fn open_on(channel: Channel) -> Watcher {
+        let (requests, receiver) = mpsc::channel(1024);
+        let mut client = ReadStatesClient::new(channel);
+        let events = client
+            .watch(ReceiverStream::new(receiver))
+            .await
+            .expect("Watch")
+            .into_inner();
+        Watcher { requests, events }
+    }
+
+    async fn subscribe(&self, user_id: u64, since_version: u64) {
+        let subscribe = watch_request::Action::Subscribe(WatchSubscribe {
+            user_id,
+            since_version,
+        });
+        self.send(Some(subscribe)).await;
+    }
+
+    async fn unsubscribe(&self, user_id: u64) {
+        let unsubscribe = watch_request::Action::Unsubscribe(WatchUnsubscribe { user_id });
+        self.send(Some(unsubscribe)).await;
+    }
+
+    async fn send(&self, action: Option<watch_request::Action>) {
+        self.requests
+            .send(WatchRequest { action })
+            .await
+            .expect("stream open");
+    }
+
+    async fn next(&mut self) -> WatchEvent {
+        tokio::time::timeout(Duration::from_secs(5), self.events.message())
+            .await
+            .expect("an event within 5 s")
+            .expect("no error")
+            .expect("not ended")
+    }
+
+    async fn changed(&mut self) -> (u64, ReadStatesChanged) {
+        let event = self.next().await;
+        match event.event {
+            Some(watch_event::Event::Changed(changed)) => (event.user_id, changed),
+            other => panic!("expected a change, got {other:?}"),
+        }
+    }
+
+    async fn rejected(&mut self) -> (u64, WatchRejected) {
+        let event = self.next().await;
+        match event.event {
+            Some(watch_event::Event::Rejected(rejected)) => (event.user_id, rejected),
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_subscription_gets_the_delta_then_every_change_in_order() {
+    let mut app = spawn_app().await;
+    app.client.ack(ack(1, 10, 100)).await.unwrap();
+    app.client.ack(ack(1, 11, 100)).await.unwrap();
+    let held = app.all_read_states(1).await.version;
+    app.client.ack(ack(1, 11, 101)).await.unwrap();
+
+    let mut watcher = Watcher::open(&app).await;
+    watcher.subscribe(1, held).await;
+    let (user_id, first) = watcher.changed().await;
+    assert_eq!(user_id, 1);
+    assert!(first.partial, "a delta from the version held");
+    assert_eq!(first.read_states.len(), 1);
+    assert_eq!(first.read_states[0].channel_id, 11);
+
+    // Every later change, in version order, with the totals.
+    let mut version = first.version;
+    app.client
+        .message_created(message(10, 200, 0, &[1], &[]))
+        .await
+        .unwrap();
+    let (_, mention) = watcher.changed().await;
+    assert!(mention.version > version);
+    assert_eq!(
+        (mention.total_mention_count, mention.unread_channel_count),
+        (1, 1)
+    );
+    assert_eq!(mention.read_states[0].last_message_id, 200);
+    version = mention.version;
+    app.client.ack(ack(1, 10, 200)).await.unwrap();
+    let (_, read) = watcher.changed().await;
+    assert!(read.version > version);
+    assert_eq!(
+        (read.total_mention_count, read.unread_channel_count),
+        (0, 0),
+        "a badge can go down"
+    );
+    app.client
+        .delete_read_states(readstates::test_support::delete(1, &[11], false))
+        .await
+        .unwrap();
+    let (_, deleted) = watcher.changed().await;
+    assert_eq!(deleted.deleted.len(), 1);
+    assert_eq!(deleted.deleted[0].channel_id, 11);
+    app.client
+        .delete_read_states(readstates::test_support::delete(1, &[], true))
+        .await
+        .unwrap();
+    let (_, wiped) = watcher.changed().await;
+    assert!(!wiped.partial && wiped.read_states.is_empty(), "{wiped:?}");
+
+    // A full set on subscribe from 0; another user's changes on the same
+    // stream; nothing after unsubscribing.
+    watcher.subscribe(2, 0).await;
+    let (user_id, full) = watcher.changed().await;
+    assert_eq!((user_id, full.partial), (2, false));
+    watcher.unsubscribe(1).await;
+    app.client.ack(ack(1, 12, 1)).await.unwrap();
+    app.client.ack(ack(2, 12, 1)).await.unwrap();
+    let (user_id, _) = watcher.changed().await;
+    assert_eq!(user_id, 2, "user 1 was unsubscribed");
+}
+
+#[tokio::test]
+async fn many_changes_from_many_writers_arrive_once_each_in_version_order() {
+    let mut app = spawn_app().await;
+    let mut watcher = Watcher::open(&app).await;
+    for user_id in 1..=20 {
+        watcher.subscribe(user_id, 0).await;
+        watcher.changed().await;
+    }
+    let mut writers = Vec::new();
+    for writer in 0..4u64 {
+        let mut client = app.client.clone();
+        writers.push(tokio::spawn(async move {
+            for i in 0..50u64 {
+                let unread: Vec<u64> = (1..=20).filter(|u| (u + i + writer) % 3 == 0).collect();
+                let m = message(writer + 1, 1_000 + i, 0, &[], &unread);
+                client.message_created(m).await.unwrap();
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let mut expected = std::collections::HashMap::new();
+    for user_id in 1..=20 {
+        expected.insert(user_id, app.all_read_states(user_id).await);
+    }
+    let mut last = std::collections::HashMap::<u64, ReadStatesChanged>::new();
+    let mut done = 0;
+    while done < 20 {
+        let (user_id, changed) = watcher.changed().await;
+        if let Some(previous) = last.get(&user_id) {
+            assert!(changed.version > previous.version, "user {user_id}: order");
+        }
+        let finished = changed.version == expected[&user_id].version;
+        last.insert(user_id, changed);
+        done += usize::from(finished);
+    }
+    for (user_id, changed) in last {
+        let wanted = &expected[&user_id];
+        assert_eq!(changed.total_mention_count, wanted.total_mention_count);
+        assert_eq!(changed.unread_channel_count, wanted.unread_channel_count);
+    }
+}
+
+#[tokio::test]
+async fn a_slow_reader_gets_a_resync_and_never_slows_writers() {
+    let mut config = test_config();
+    config.watch_buffer = 4;
+    let mut app = spawn_app_with(config).await;
+    let mut watcher = Watcher::open_small_window(&app).await;
+    watcher.subscribe(1, 0).await;
+    watcher.subscribe(2, 0).await;
+    // Nobody reads: the HTTP/2 windows (64 KiB, about 1,000 events) and then
+    // the buffer (4 events) fill, and writers go on regardless (were they
+    // held up, this would never finish).
+    const CHANGES: u64 = 2_000;
+    for i in 1..=CHANGES {
+        app.client.ack(ack(1, 10, i)).await.unwrap();
+        app.client.ack(ack(2, 10, i)).await.unwrap();
+    }
+
+    let mut resyncs = std::collections::HashMap::new();
+    let mut delivered = std::collections::HashMap::<u64, u64>::new();
+    while resyncs.len() < 2 {
+        let event = watcher.next().await;
+        match event.event.unwrap() {
+            watch_event::Event::Changed(c) => {
+                assert!(
+                    !resyncs.contains_key(&event.user_id),
+                    "nothing after a resync"
+                );
+                delivered.insert(event.user_id, c.version);
+            }
+            watch_event::Event::Resync(r) => {
+                assert_eq!(
+                    Some(&r.version),
+                    delivered.get(&event.user_id),
+                    "last delivered"
+                );
+                resyncs.insert(event.user_id, r.version);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // Subscribing again from there gives exactly what was missed.
+    watcher.subscribe(1, resyncs[&1]).await;
+    let (_, missed) = watcher.changed().await;
+    assert!(missed.partial);
+    let now = app.all_read_states(1).await;
+    assert_eq!(missed.version, now.version);
+    assert_eq!(missed.read_states[0].last_acked_id, CHANGES);
+}
+
+#[tokio::test]
+async fn bad_requests_are_rejected_and_the_stream_goes_on() {
+    let mut app = spawn_app().await;
+    let mut watcher = Watcher::open(&app).await;
+    watcher.subscribe(0, 0).await;
+    let (_, rejected) = watcher.rejected().await;
+    assert_eq!(rejected.code, Code::InvalidArgument as i32);
+    assert!(rejected.message.contains("user_id"), "{rejected:?}");
+    watcher.unsubscribe(7).await;
+    let (user_id, rejected) = watcher.rejected().await;
+    assert_eq!((user_id, rejected.code), (7, Code::NotFound as i32));
+    watcher.send(None).await;
+    let (_, rejected) = watcher.rejected().await;
+    assert_eq!(rejected.code, Code::InvalidArgument as i32);
+    assert!(rejected.message.contains("action"), "{rejected:?}");
+
+    watcher.subscribe(1, 0).await;
+    watcher.changed().await;
+    app.client.ack(ack(1, 10, 1)).await.unwrap();
+    let (user_id, _) = watcher.changed().await;
+    assert_eq!(user_id, 1, "still serving this stream");
+    app.all_read_states(1).await;
+}
+
+/// Field 1 of WatchRequest (`subscribe`) carrying bytes that are no
+/// protobuf: the request stream cannot be decoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(bytes = "vec", tag = "1")]
+    junk: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_stream_of_garbage_ends_alone() {
+    let app = spawn_app().await;
+    let mut good = Watcher::open(&app).await;
+    good.subscribe(1, 0).await;
+    good.changed().await;
+
+    let mut grpc = tonic::client::Grpc::new(app.channel().await);
+    grpc.ready().await.unwrap();
+    let garbage = Garbage {
+        junk: vec![0xff; 16],
+    };
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/readstates.v1.ReadStates/Watch");
+    let codec = tonic_prost::ProstCodec::<Garbage, WatchEvent>::default();
+    let requests = tokio_stream::iter(vec![garbage]);
+    let outcome = async {
+        let mut events = grpc
+            .streaming(tonic::Request::new(requests), path, codec)
+            .await?
+            .into_inner();
+        while events.message().await?.is_some() {}
+        Ok::<(), tonic::Status>(())
+    };
+    let status = tokio::time::timeout(Duration::from_secs(5), outcome)
+        .await
+        .expect("ends")
+        .unwrap_err();
+    assert_ne!(status.code(), Code::Ok, "{status:?}");
+
+    let mut client = app.client.clone();
+    client.ack(ack(1, 10, 1)).await.unwrap();
+    let (user_id, _) = good.changed().await;
+    assert_eq!(user_id, 1, "the other stream is undisturbed");
+}
+
+#[tokio::test]
+async fn a_watched_user_evicted_and_loaded_again_is_still_watched() {
+    let mut config = test_config();
+    config.cache_capacity = 2;
+    config.shards = 1;
+    let app = spawn_app_with(config).await;
+    let mut client = app.client.clone();
+    client.ack(ack(1, 10, 1)).await.unwrap();
+    let mut watcher = Watcher::open(&app).await;
+    watcher.subscribe(1, 0).await;
+    let (_, first) = watcher.changed().await;
+    for user_id in 2..=10 {
+        client.ack(ack(user_id, 10, 1)).await.unwrap();
+    }
+    client.ack(ack(1, 10, 2)).await.unwrap();
+    let (user_id, next) = watcher.changed().await;
+    assert_eq!(user_id, 1);
+    assert!(next.version > first.version);
+    assert_eq!(next.read_states[0].last_acked_id, 2);
+}
+
+#[tokio::test]
+async fn shutdown_ends_streams_with_unavailable() {
+    let app = spawn_app().await;
+    let mut watcher = Watcher::open(&app).await;
+    watcher.subscribe(1, 0).await;
+    watcher.changed().await;
+    let stopping = tokio::spawn(app.stop());
+    let status = tokio::time::timeout(Duration::from_secs(5), watcher.events.message())
+        .await
+        .expect("the stream ends at once")
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let report = tokio::time::timeout(Duration::from_secs(20), stopping)
+        .await
+        .expect("shutdown is not held up by the stream")
+        .unwrap();
+    assert_eq!(report.unwritten, 0);
+}
