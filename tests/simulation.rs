@@ -46,6 +46,8 @@ type Key = (i32, u64);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct State {
     last_acked_id: u64,
+    /// The watermark: a message at or below it (or the ack) never counts.
+    last_message_id: u64,
     mention_count: u32,
     unread_count: u32,
 }
@@ -125,23 +127,27 @@ impl Op {
 /// deleted for DeleteReadStates.
 fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
     fn ack(model: &mut UserModel, key: Key, message_id: u64) -> bool {
-        if message_id <= model.get(&key).map_or(0, |s| s.last_acked_id) {
+        let old = model.get(&key).copied().unwrap_or_default();
+        if message_id <= old.last_acked_id {
             return false;
         }
         model.insert(
             key,
             State {
                 last_acked_id: message_id,
+                last_message_id: old.last_message_id.max(message_id),
                 ..State::default()
             },
         );
         true
     }
     fn message(model: &mut UserModel, key: Key, message_id: u64, mentioned: bool) -> bool {
-        if message_id <= model.get(&key).map_or(0, |s| s.last_acked_id) {
+        let old = model.get(&key).copied().unwrap_or_default();
+        if message_id <= old.last_acked_id.max(old.last_message_id) {
             return false;
         }
         let state = model.entry(key).or_default();
+        state.last_message_id = message_id;
         state.unread_count = state.unread_count.saturating_add(1);
         if mentioned {
             state.mention_count = state.mention_count.saturating_add(1);
@@ -161,12 +167,15 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
             mentions,
             unread,
         } => {
+            let model = models.entry(*user).or_default();
+            let watermark = model.get(key).map_or(0, |s| s.last_message_id);
             let state = State {
                 last_acked_id: *message_id,
+                last_message_id: watermark.max(*message_id),
                 mention_count: *mentions,
                 unread_count: *unread,
             };
-            models.entry(*user).or_default().insert(*key, state);
+            model.insert(*key, state);
             1
         }
         Op::BulkAck { user, entries } => {
@@ -218,6 +227,7 @@ fn from_proto(read_states: &[ReadState]) -> UserModel {
         .map(|s| {
             let state = State {
                 last_acked_id: s.last_acked_id,
+                last_message_id: s.last_message_id,
                 mention_count: s.mention_count,
                 unread_count: s.unread_count,
             };

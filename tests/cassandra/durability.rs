@@ -20,8 +20,10 @@ use crate::helpers::{Server, fresh_users, nodes, store};
 const USERS: u64 = 300;
 const CHANNELS: u64 = 5;
 const CLIENTS: usize = 16;
-/// MessageCreated counts here; acks never touch it.
-const COUNTED_CHANNEL: u64 = 99;
+/// MessageCreated counts in channels from here, one per client, so that each
+/// channel's messages arrive in id order as the service requires (one
+/// client's ids rise); acks never touch them.
+const COUNTED_CHANNELS: u64 = 100;
 
 /// What the clients were told.
 #[derive(Default)]
@@ -64,7 +66,8 @@ async fn load(server: &Server, first: u64, stop: Arc<AtomicU64>) -> Ledger {
                     let mut unique = users.clone();
                     unique.sort_unstable();
                     unique.dedup();
-                    let request = message(COUNTED_CHANNEL, message_id, 0, &[], &users);
+                    let channel_id = COUNTED_CHANNELS + task as u64;
+                    let request = message(channel_id, message_id, 0, &[], &users);
                     let result = client.message_created(request).await;
                     let mut ledger = ledger.lock().unwrap();
                     for user in unique {
@@ -195,8 +198,9 @@ async fn a_shutdown_under_load_loses_nothing_and_says_so() {
         let unread = stored
             .read_states
             .iter()
-            .find(|s| s.channel_id == COUNTED_CHANNEL)
-            .map_or(0, |s| u32::from(s.unread_count));
+            .filter(|s| s.channel_id >= COUNTED_CHANNELS)
+            .map(|s| u32::from(s.unread_count))
+            .sum();
         assert!(
             (ok..=ok + unknown).contains(&unread),
             "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"

@@ -15,3 +15,4 @@ mod outage;
 mod restart;
 mod round_trip;
 mod store;
+mod upgrade;

@@ -32,6 +32,18 @@ pub async fn migrate(
     keyspace: &str,
     replication: &str,
 ) -> Result<(), StoreError> {
+    migrate_first(session, keyspace, replication, MIGRATIONS.len()).await
+}
+
+/// Applies only the first `files` files: the schema as an earlier version
+/// left it, for upgrade tests.
+#[doc(hidden)]
+pub async fn migrate_first(
+    session: &Session,
+    keyspace: &str,
+    replication: &str,
+    files: usize,
+) -> Result<(), StoreError> {
     let keyspace = checked_keyspace(keyspace)?;
     let replication = replication.trim();
     if !(replication.starts_with('{') && replication.ends_with('}')) {
@@ -42,7 +54,7 @@ pub async fn migrate(
             ),
         ));
     }
-    for (file, text) in MIGRATIONS {
+    for (file, text) in MIGRATIONS.into_iter().take(files) {
         for statement in statements(text) {
             let cql = statement
                 .replace("${keyspace}", keyspace)
