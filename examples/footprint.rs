@@ -6,14 +6,19 @@
 //! `naive` it measures the obvious alternative instead: one
 //! `lru::LruCache<(user, channel), state>` entry per read state.
 //!
+//! With `deletions` it measures instead the MessageDeleted dedup window
+//! holding USERS applied deletions (its memory bound is a count of them).
+//!
 //! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive]
+//! cargo run --release --example footprint -- [COUNT] deletions
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use readstates::cache::{Cache, CacheConfig};
-use readstates::read_state::{Key, ReadState};
+use readstates::read_state::{Key, Kind, ReadState};
+use readstates::recent_deletions::{Claim, Deletion, RecentDeletions};
 use readstates::store::{Store, StoreError, StoredUser, UserWrite};
 
 /// Makes up `channels` read states for every user it loads and keeps
@@ -97,10 +102,40 @@ async fn ours(users: u64, channels: u64) -> usize {
     held
 }
 
+/// Fills the dedup window with `count` applied deletions.
+fn deletions(count: u64) -> usize {
+    let recent = RecentDeletions::new(Duration::from_secs(3600), count as usize);
+    for message_id in 1..=count {
+        let deletion = Deletion {
+            channel_id: (message_id % 1_000) << 22,
+            message_id: (message_id << 22) | 3,
+            kind: Kind::Channel,
+            recipients: message_id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        };
+        if let Claim::New(claimed) = recent.claim(deletion) {
+            claimed.applied();
+        }
+    }
+    let held = recent.len();
+    std::mem::forget(recent); // measured, not freed
+    held
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let users: u64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(500_000);
+    if args.iter().any(|a| a == "deletions") {
+        let before = resident_bytes();
+        let held = deletions(users);
+        let grown = resident_bytes().saturating_sub(before);
+        println!(
+            "deletion dedup window: {held} deletions, resident +{:.1} MiB, {:.1} bytes per deletion",
+            grown as f64 / (1 << 20) as f64,
+            grown as f64 / held as f64
+        );
+        return;
+    }
     let channels: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let is_naive = args.iter().any(|a| a == "naive");
 

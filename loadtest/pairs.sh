@@ -7,10 +7,14 @@
 #
 #   loadtest/pairs.sh                   5 pairs of 10 s runs
 #   PAIRS=9 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml loadtest/pairs.sh
+#   WATCH_USERS=10000 loadtest/pairs.sh  also readstates with that many users
+#                                        watched over WATCH_STREAMS (4) streams
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PAIRS="${PAIRS:-5}"
+WATCH_USERS="${WATCH_USERS:-0}"
+WATCH_STREAMS="${WATCH_STREAMS:-4}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
 RS_GRPC=127.0.0.1:50151
@@ -60,11 +64,23 @@ EOF
 measure baseline "$baseline_pid" "grpc://$BASELINE" >/dev/null
 measure readstates "$readstates_pid" "grpc://$RS_GRPC" >/dev/null
 
-echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req |"
-echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+if [ "$WATCH_USERS" -gt 0 ]; then
+    echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req | watched ok/s | watched/unwatched | watched CPU us/req |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+else
+    echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req |"
+    echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+fi
 for pair in $(seq 1 "$PAIRS"); do
     read -r b_rate b_cpu < <(measure baseline "$baseline_pid" "grpc://$BASELINE" --skip-preload)
     read -r r_rate r_cpu < <(measure readstates "$readstates_pid" "grpc://$RS_GRPC" --skip-preload)
     ratio=$(python3 -c "print(f'{$r_rate / $b_rate * 100:.1f}%')")
-    echo "| $pair | $b_rate | $r_rate | $ratio | $b_cpu | $r_cpu |"
+    line="| $pair | $b_rate | $r_rate | $ratio | $b_cpu | $r_cpu |"
+    if [ "$WATCH_USERS" -gt 0 ]; then
+        read -r w_rate w_cpu < <(measure readstates-watched "$readstates_pid" "grpc://$RS_GRPC" \
+            --skip-preload --watch-users "$WATCH_USERS" --watch-streams "$WATCH_STREAMS")
+        watched=$(python3 -c "print(f'{$w_rate / $r_rate * 100:.1f}%')")
+        line="$line $w_rate | $watched | $w_cpu |"
+    fi
+    echo "$line"
 done

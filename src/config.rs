@@ -224,7 +224,7 @@ settings! {
     #[arg(long, env = "READSTATES_DELETION_DEDUP_WINDOW", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     deletion_dedup_window: Duration = Duration::from_secs(600);
-    /// The most deletions remembered at once (memory bound, about 100 bytes
+    /// The most deletions remembered at once (memory bound, about 130 bytes
     /// each); beyond it the oldest are forgotten before their window ends.
     #[arg(long, env = "READSTATES_DELETION_DEDUP_CAPACITY")]
     deletion_dedup_capacity: usize = 1_000_000;

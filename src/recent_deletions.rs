@@ -4,7 +4,7 @@
 //! A deletion lowers the counts of every read state that counted its message,
 //! and nothing in the read state tells a first delivery from a retry (the
 //! watermark stays where it was). So a deletion is claimed here, by (channel,
-//! kind, message), before it is applied: a second delivery while the first
+//! kind, message, recipients), before it is applied: a second delivery while the first
 //! is under way is told to retry, one after it was applied does nothing, and
 //! one whose first delivery was cut before it applied goes ahead. Applied
 //! deletions are remembered for a window and at most `capacity` of them,
@@ -19,12 +19,17 @@ use tokio::time::Instant;
 
 use crate::read_state::Kind;
 
-/// Which deletion: one message of one channel, counted in one kind.
+/// Which deletion: one message of one channel, counted in one kind, for
+/// one set of users. The users are part of it because a message reaching
+/// more users than one request may list is deleted in several requests, each
+/// a deletion of its own; a retry lists the same users again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Deletion {
     pub channel_id: u64,
     pub message_id: u64,
     pub kind: Kind,
+    /// A hash of the users and what the message was to each.
+    pub recipients: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,6 +170,7 @@ mod tests {
         channel_id: 1,
         message_id: 2,
         kind: Kind::Channel,
+        recipients: 3,
     };
 
     #[tokio::test(start_paused = true)]
@@ -189,6 +195,18 @@ mod tests {
         let recent = RecentDeletions::new(Duration::from_secs(600), 10);
         drop(recent.claim(D));
         assert!(matches!(recent.claim(D), Claim::New(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_batch_of_the_same_message_is_another_deletion() {
+        let recent = RecentDeletions::new(Duration::from_secs(600), 10);
+        let Claim::New(claimed) = recent.claim(D) else {
+            panic!("first batch")
+        };
+        claimed.applied();
+        drop(claimed);
+        let second_batch = Deletion { recipients: 4, ..D };
+        assert!(matches!(recent.claim(second_batch), Claim::New(_)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,6 +12,7 @@ use crate::chart;
 use crate::report::Report;
 use crate::runner::{RunConfig, Session};
 use crate::sweep;
+use crate::watchers::Watchers;
 use crate::workload::Workload;
 
 /// One named target: `name=url`, or just a URL (named by itself).
@@ -85,6 +86,12 @@ pub struct RunArgs {
     /// Write the p99.9-per-second chart (SVG) here.
     #[arg(long)]
     pub chart: Option<PathBuf>,
+    /// Watch this many users (1..=N, the hottest under Zipf) during the run,
+    /// over `--watch-streams` Watch streams, reading every event.
+    #[arg(long, default_value_t = 0)]
+    pub watch_users: u64,
+    #[arg(long, default_value_t = 4)]
+    pub watch_streams: usize,
 }
 
 /// What `loadtest sweep` does with a workload.
@@ -117,8 +124,28 @@ pub async fn run(workload: Workload, args: RunArgs) -> anyhow::Result<Report> {
     let rate = args.rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
     let duration = args.duration.unwrap_or(workload.load.duration);
     let session = Session::start(session_config(&workload, &args.target)).await?;
+    let watchers = match args.watch_users {
+        0 => None,
+        users => {
+            let address = args
+                .target
+                .url
+                .strip_prefix("grpc://")
+                .context("--watch-users needs a grpc:// target")?;
+            let watchers = Watchers::start(address, users, args.watch_streams).await?;
+            eprintln!("watching {users} users over {} streams", args.watch_streams);
+            Some(watchers)
+        }
+    };
     let report = session.measure(rate, duration, true).await?;
     println!("{}", report.table());
+    if let Some(watchers) = &watchers {
+        println!(
+            "watch: {} events received (warm-up included), {} resyncs",
+            watchers.events(),
+            watchers.resyncs()
+        );
+    }
     if let Some(path) = args.report {
         write_json(&path, &report)?;
     }

@@ -8,6 +8,7 @@
 //!   loops against a [`target`] and records into [`stats`] (HDR histograms).
 //! - [`report`]: table and JSON; [`chart`]: SVG charts; [`sweep`]: rate steps.
 //! - [`baseline`]: the no-work server.
+//! - [`watchers`]: Watch streams held open during a run.
 
 #![forbid(unsafe_code)]
 
@@ -22,4 +23,5 @@ pub mod schedule;
 pub mod stats;
 pub mod sweep;
 pub mod target;
+pub mod watchers;
 pub mod workload;

@@ -2,6 +2,7 @@
 //! node remembers the deletions it applied (see [`RecentDeletions`]), so a
 //! retry within the window changes nothing.
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::recipients::{Effect, recipients};
@@ -27,6 +28,7 @@ pub async fn handle(
         channel_id: key.channel_id,
         message_id,
         kind: key.kind,
+        recipients: hash(&effects),
     };
     let claimed = match recent.claim(deletion) {
         Claim::New(claimed) => claimed,
@@ -51,4 +53,12 @@ pub async fn handle(
     Ok(MessageDeletedResponse {
         updated: changed.into_iter().filter(|&c| c).count() as u32,
     })
+}
+
+/// Identifies the request's recipients (sorted and deduplicated already), so
+/// that another batch of the same message is another deletion.
+fn hash(effects: &[(u64, Effect)]) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    effects.hash(&mut hasher);
+    hasher.finish()
 }

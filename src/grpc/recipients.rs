@@ -6,7 +6,7 @@ use crate::error::Error;
 
 /// What a message is to one user. The order is precedence: a user listed
 /// more than once takes the first of these.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Effect {
     Author,
     Mention,

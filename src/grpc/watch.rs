@@ -67,8 +67,20 @@ async fn serve_requests(
 ) {
     let mut reading = true;
     loop {
-        // A client that does not read its events gets no more requests read.
-        feed.room().await;
+        // One request: wait for room (a client that does not read its
+        // events gets no more requests read), read it, apply it; raced
+        // against shutdown and the stream's end, so neither waits for it.
+        let step = async {
+            feed.room().await;
+            match requests.message().await {
+                Ok(Some(request)) => {
+                    apply(&cache, &feed, request).await;
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(status) => Err(status),
+            }
+        };
         tokio::select! {
             biased;
             () = stopping.cancelled() => {
@@ -76,10 +88,10 @@ async fn serve_requests(
                 break;
             }
             () = feed.closed() => break,
-            request = requests.message(), if reading => match request {
-                Ok(Some(request)) => apply(&cache, &feed, request).await,
+            step = step, if reading => match step {
+                Ok(true) => {}
                 // Half-closed: keep sending until the client goes away.
-                Ok(None) => reading = false,
+                Ok(false) => reading = false,
                 Err(status) => {
                     feed.close(Some(Error::BadStream(status.message().to_owned())));
                     break;
@@ -103,9 +115,12 @@ async fn apply(cache: &Arc<Cache>, feed: &Arc<Feed>, request: WatchRequest) {
         }
         Some(watch_request::Action::Unsubscribe(unsubscribe)) => {
             let user_id = unsubscribe.user_id;
+            // The shard first: once it lets go, no resync for the user can
+            // be queued after the unsubscribe.
             let result = validate::id("unsubscribe.user_id", user_id).and_then(|user_id| {
+                let subscribed = cache.unsubscribe(user_id, feed);
                 feed.forget(user_id);
-                if cache.unsubscribe(user_id, feed) {
+                if subscribed {
                     Ok(())
                 } else {
                     Err(Error::NotSubscribed { user_id })

@@ -187,7 +187,10 @@ impl Store for CassandraStore {
             // has no rows (after a wipe).
             user.version = user.version.max(user_version.unwrap_or(0) as u64);
             user.delta_floor = user.delta_floor.max(floor.unwrap_or(0) as u64);
-            let (Some(kind), Some(channel_id)) = (kind, channel_id) else {
+            // Every writer writes `version`; a row without one is what a
+            // node of the previous version left when its tombstone (which
+            // does not write the columns added since) expired: gone.
+            let (Some(kind), Some(channel_id), Some(version)) = (kind, channel_id, version) else {
                 continue;
             };
             let kind = u8::try_from(kind)
@@ -202,7 +205,7 @@ impl Store for CassandraStore {
                 channel_id: channel_id as u64,
                 last_acked_id: last_acked_id.unwrap_or(0) as u64,
                 last_message_id: last_message_id.unwrap_or(0) as u64,
-                version: version.unwrap_or(0) as u64,
+                version: version as u64,
                 mention_count: count(mention_count),
                 unread_count: count(unread_count),
                 kind,

@@ -180,3 +180,26 @@ async fn a_deletion_cut_by_its_deadline_and_retried_lowers_once() {
         );
     }
 }
+
+/// Found in review: the dedup key was (channel, kind, message) alone, so
+/// the second request of a deletion split in batches (a message reaching
+/// more users than one request may list) was taken for a retry of the
+/// first, and its users kept counting the deleted message.
+#[tokio::test]
+async fn a_deletion_split_in_batches_applies_every_batch_once() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    c.message_created(message(10, 100, 0, &[], &[1, 2, 3, 4]))
+        .await
+        .unwrap();
+    for batch in [[1, 2], [3, 4]] {
+        let first = c.message_deleted(deleted(10, 100, &[], &batch)).await;
+        assert_eq!(first.unwrap().into_inner().updated, 2, "batch {batch:?}");
+        let retry = c.message_deleted(deleted(10, 100, &[], &batch)).await;
+        assert_eq!(retry.unwrap().into_inner().updated, 0, "batch {batch:?}");
+    }
+    for user_id in 1..=4 {
+        let state = &app.all_read_states(user_id).await.read_states[0];
+        assert_eq!(state.unread_count, 0, "user {user_id}");
+    }
+}

@@ -2,17 +2,19 @@
 //! version order; bounded buffers with resync; refusals that leave the
 //! stream up; garbage; shutdown.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::*;
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::test_support::{ack, message};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_config};
+use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
 
 /// One open Watch stream.
 struct Watcher {
@@ -359,4 +361,28 @@ async fn shutdown_ends_streams_with_unavailable() {
         .expect("shutdown is not held up by the stream")
         .unwrap();
     assert_eq!(report.unwritten, 0);
+}
+
+/// Found in review: a stream whose request task waited (here on a user's
+/// load that hangs) never saw shutdown begin, so it did not end with
+/// UNAVAILABLE but was cut off when the request grace ran out.
+#[tokio::test]
+async fn shutdown_ends_a_stream_waiting_on_a_subscribe() {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Load, Effect::Hang).user(9));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut watcher = Watcher::open(&app).await;
+    watcher.subscribe(1, 0).await;
+    watcher.changed().await;
+    watcher.subscribe(9, 0).await; // its load hangs
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = tokio::spawn(app.stop());
+    // Well inside the 10 s request grace.
+    let status = tokio::time::timeout(Duration::from_secs(5), watcher.events.message())
+        .await
+        .expect("the stream ends at once")
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    store.clear();
+    stopping.await.unwrap();
 }

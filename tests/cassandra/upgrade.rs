@@ -12,6 +12,18 @@ use crate::helpers::{config, nodes};
 /// The previous version's write of one row, statement for statement
 /// (`src/store/cassandra.rs` at commit a922f91).
 async fn write_as_before(session: &Session, keyspace: &str, user_id: i64, row: &ReadState) {
+    write_as_before_with_ttl(session, keyspace, user_id, row, 0).await
+}
+
+/// [`write_as_before`] with a TTL of `ttl` seconds (the previous version
+/// gave tombstone rows 8 days).
+async fn write_as_before_with_ttl(
+    session: &Session,
+    keyspace: &str,
+    user_id: i64,
+    row: &ReadState,
+    ttl: i32,
+) {
     let cql = format!(
         "INSERT INTO {keyspace}.read_states (user_id, kind, channel_id, last_acked_id, \
          mention_count, unread_count, version, deleted) VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
@@ -28,7 +40,7 @@ async fn write_as_before(session: &Session, keyspace: &str, user_id: i64, row: &
         version,
         row.deleted,
         version,
-        0,
+        ttl,
     );
     session
         .query_unpaged(cql, values)
@@ -119,6 +131,20 @@ async fn the_previous_schema_and_its_rows_upgrade_in_place() {
         ),
         (530, 520, true, old_node.version)
     );
+
+    // Found in review: the previous version's tombstone expires with its
+    // TTL, but not the columns it does not write; the row left (watermark
+    // and mute only) must not come back as a live read state.
+    let tombstone = ReadState {
+        deleted: true,
+        last_acked_id: 0,
+        version: old_node.version + 100,
+        ..old_node
+    };
+    write_as_before_with_ttl(store.session(), &keyspace, 42, &tombstone, 1).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let left = store.load(42).await.unwrap().read_states;
+    assert_eq!(left, vec![before], "the expired tombstone's row is gone");
     store
         .session()
         .query_unpaged(format!("DROP KEYSPACE {keyspace}"), ())
