@@ -54,6 +54,10 @@ async fn closed_loop_against_readstates_writes_a_report_and_a_chart() {
         duration: None,
         report: Some(report_path.clone()),
         chart: Some(chart_path.clone()),
+        // Watch streams open during the run (Watchers::start fails unless
+        // every subscription gets its first event).
+        watch_users: 20,
+        watch_streams: 2,
     };
     let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "closed");
@@ -95,6 +99,8 @@ async fn open_loop_holds_its_rate_against_the_baseline() {
         duration: Some(Duration::from_secs(2)),
         report: None,
         chart: None,
+        watch_users: 0,
+        watch_streams: 0,
     };
     let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "open");
