@@ -124,16 +124,8 @@ impl Application {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let service = ReadStatesService::new(
-            cache.clone(),
-            ServiceConfig {
-                max_in_progress: config.max_concurrent_requests,
-                deletion_dedup_window: config.deletion_dedup_window,
-                deletion_dedup_capacity: config.deletion_dedup_capacity,
-                watch_buffer: config.watch_buffer,
-            },
-            stop.clone(),
-        );
+        let service =
+            ReadStatesService::new(cache.clone(), ServiceConfig::from(&config), stop.clone());
         let server = tokio::spawn(
             Server::builder()
                 .add_service(health_service)

@@ -224,10 +224,10 @@ settings! {
     #[arg(long, env = "READSTATES_DELETION_DEDUP_WINDOW", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     deletion_dedup_window: Duration = Duration::from_secs(600);
-    /// The most deletions remembered at once (memory bound, about 130 bytes
+    /// The most deletions remembered at once (memory bound, about 150 bytes
     /// each); beyond it the oldest are forgotten before their window ends.
     #[arg(long, env = "READSTATES_DELETION_DEDUP_CAPACITY")]
-    deletion_dedup_capacity: usize = 1_000_000;
+    deletion_dedup_capacity: usize = 500_000;
     /// Events a Watch stream holds for a client that reads slowly; a user
     /// whose event would not fit gets a resync event instead.
     #[arg(long, env = "READSTATES_WATCH_BUFFER")]

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
+use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
 use crate::proto::read_states_server::ReadStates;
@@ -46,14 +47,13 @@ pub struct ServiceConfig {
     pub watch_buffer: usize,
 }
 
-impl ServiceConfig {
-    /// The defaults of `readstates serve`, for tests and tools.
-    pub fn with_max_in_progress(max_in_progress: usize) -> ServiceConfig {
+impl From<&Config> for ServiceConfig {
+    fn from(config: &Config) -> ServiceConfig {
         ServiceConfig {
-            max_in_progress,
-            deletion_dedup_window: Duration::from_secs(600),
-            deletion_dedup_capacity: 1_000_000,
-            watch_buffer: 1_024,
+            max_in_progress: config.max_concurrent_requests,
+            deletion_dedup_window: config.deletion_dedup_window,
+            deletion_dedup_capacity: config.deletion_dedup_capacity,
+            watch_buffer: config.watch_buffer,
         }
     }
 }

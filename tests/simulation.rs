@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use readstates::cache::{Cache, CacheConfig};
+use readstates::config::{Config, Settings};
 use readstates::grpc::{ReadStatesService, ServiceConfig};
 use readstates::proto::read_states_server::ReadStates;
 use readstates::proto::*;
@@ -659,7 +660,7 @@ async fn simulate(seed: u64) -> Outcome {
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let service = Arc::new(ReadStatesService::new(
             cache.clone(),
-            ServiceConfig::with_max_in_progress(10_000),
+            ServiceConfig::from(&Config::resolve(Settings::default())),
             tokio_util::sync::CancellationToken::new(),
         ));
         let running: Vec<_> = clients
