@@ -12,7 +12,8 @@ use readstates::proto::*;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
+
+use crate::target::grpc::connect;
 
 #[derive(Debug)]
 pub struct Watchers {
@@ -33,12 +34,7 @@ impl Watchers {
         let subscribed = Arc::new(tokio::sync::Semaphore::new(0));
         let (mut senders, mut readers) = (Vec::new(), Vec::new());
         for stream in 0..streams.max(1) as u64 {
-            let channel = Endpoint::from_shared(format!("http://{address}"))
-                .with_context(|| format!("address {address}"))?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .with_context(|| format!("connect to {address}"))?;
+            let channel = connect(address).await?;
             let (requests, receiver) = mpsc::channel(1024);
             let mut events_in = ReadStatesClient::new(channel)
                 .watch(ReceiverStream::new(receiver))

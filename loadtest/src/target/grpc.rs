@@ -10,6 +10,16 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::op::Op;
 
+/// One HTTP/2 connection to `address`, Nagle off as the server's.
+pub async fn connect(address: &str) -> anyhow::Result<Channel> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .with_context(|| format!("address {address}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connect to {address}"))
+}
+
 #[derive(Debug)]
 pub struct GrpcTarget {
     clients: Vec<ReadStatesClient<Channel>>,
@@ -20,13 +30,7 @@ impl GrpcTarget {
     pub async fn connect(address: &str, connections: usize) -> anyhow::Result<GrpcTarget> {
         let mut clients = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
-            let channel = Endpoint::from_shared(format!("http://{address}"))
-                .with_context(|| format!("address {address}"))?
-                .tcp_nodelay(true)
-                .connect()
-                .await
-                .with_context(|| format!("connect to {address}"))?;
-            clients.push(ReadStatesClient::new(channel));
+            clients.push(ReadStatesClient::new(connect(address).await?));
         }
         Ok(GrpcTarget {
             clients,
