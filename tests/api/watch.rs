@@ -81,6 +81,15 @@ impl Watcher {
             .expect("not ended")
     }
 
+    /// The status the stream ends with, within 5 s (the request grace of a
+    /// shutdown is 10 s, so it ends well before the grace runs out).
+    async fn ending(&mut self) -> tonic::Status {
+        tokio::time::timeout(Duration::from_secs(5), self.events.message())
+            .await
+            .expect("the stream ends at once")
+            .expect_err("an error status")
+    }
+
     async fn changed(&mut self) -> (u64, ReadStatesChanged) {
         let event = self.next().await;
         match event.event {
@@ -351,10 +360,7 @@ async fn shutdown_ends_streams_with_unavailable() {
     watcher.subscribe(1, 0).await;
     watcher.changed().await;
     let stopping = tokio::spawn(app.stop());
-    let status = tokio::time::timeout(Duration::from_secs(5), watcher.events.message())
-        .await
-        .expect("the stream ends at once")
-        .unwrap_err();
+    let status = watcher.ending().await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     let report = tokio::time::timeout(Duration::from_secs(20), stopping)
         .await
@@ -378,10 +384,7 @@ async fn shutdown_ends_a_stream_waiting_on_a_subscribe() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stopping = tokio::spawn(app.stop());
     // Well inside the 10 s request grace.
-    let status = tokio::time::timeout(Duration::from_secs(5), watcher.events.message())
-        .await
-        .expect("the stream ends at once")
-        .unwrap_err();
+    let status = watcher.ending().await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     store.clear();
     stopping.await.unwrap();
