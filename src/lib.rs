@@ -25,6 +25,7 @@
 pub mod app;
 pub mod cache;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod grpc;

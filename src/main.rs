@@ -1,5 +1,5 @@
 //! The `readstates` binary: parse flags, set up logging, and run the command:
-//! `serve` until SIGTERM or Ctrl-C, or `migrate`.
+//! `serve` until SIGTERM or Ctrl-C, `migrate`, or `ring`.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::Parser;
 use readstates::app::{self, Application};
 use readstates::config::{Cli, Command, Config, ServeArgs};
-use readstates::{shutdown, telemetry};
+use readstates::{cluster, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -45,6 +45,19 @@ async fn main() -> ExitCode {
             match app::migrate(&config.cassandra()).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => failed(e),
+            }
+        }
+        Command::Ring(args) => {
+            let config = match configure(&args.serve) {
+                Ok(config) => config,
+                Err(exit) => return exit,
+            };
+            match cluster::admin::run(&config, args.action).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
             }
         }
     }

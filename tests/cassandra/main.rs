@@ -13,6 +13,7 @@ mod eviction;
 mod helpers;
 mod outage;
 mod restart;
+mod ring;
 mod round_trip;
 mod store;
 mod upgrade;

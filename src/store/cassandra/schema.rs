@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 4] = [
+const MIGRATIONS: [(&str, &str); 5] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -24,6 +24,7 @@ const MIGRATIONS: [(&str, &str); 4] = [
         "004_watermark_and_mute.cql",
         include_str!("../../../schema/004_watermark_and_mute.cql"),
     ),
+    ("005_ring.cql", include_str!("../../../schema/005_ring.cql")),
 ];
 
 /// Creates the keyspace (with `replication`, a CQL map) and the tables.
@@ -116,11 +117,13 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 5);
+        assert_eq!(all.len(), 7);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
-        assert!(all[3..].iter().all(|s| s.contains(" ADD IF NOT EXISTS ")));
+        assert!(all[3..5].iter().all(|s| s.contains(" ADD IF NOT EXISTS ")));
+        assert!(all[5].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring ("));
+        assert!(all[6].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_progress ("));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 

@@ -1,0 +1,11 @@
+//! The fleet: many nodes behind the gateways, each serving the users of the
+//! slots the ring gives it (see `readstates_routing`).
+//!
+//! - [`ring_store`]: where the ring is kept (Cassandra in production),
+//!   changed only by compare-and-set on its epoch.
+//! - [`admin`]: `readstates ring ...`, one change at a time.
+
+pub mod admin;
+pub mod ring_store;
+
+pub use ring_store::{RingRecord, RingStore};

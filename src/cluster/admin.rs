@@ -1,0 +1,334 @@
+//! `readstates ring ...`: shows the ring and changes it, one change at a
+//! time. A change is refused while the previous one is still being handed
+//! over (some owner of the current epoch does not serve all its slots yet),
+//! so at most two epochs are ever live: the one being left and the current.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use readstates_routing::{Node, RingError};
+
+use super::ring_store::cassandra::CassandraRingStore;
+use super::ring_store::{RingRecord, RingStore};
+use crate::app::BoxError;
+use crate::config::{Config, RingAction, WaitArgs};
+use crate::store::StoreError;
+
+/// A change to the ring, each making a new epoch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RingChange {
+    Add(Node),
+    SetWeight { node: String, weight: u32 },
+    Remove { node: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    #[error(
+        "epoch {epoch} is still being handed over: {waiting} not serving all their slots yet. \
+         Try again once `readstates ring show` shows nobody waiting; if a previous owner is dead, \
+         `readstates ring release NODE --force`",
+        waiting = .waiting.join(", ")
+    )]
+    HandoffUnderWay { epoch: u64, waiting: Vec<String> },
+    #[error("another change made epoch {0} first; look again with `readstates ring show`")]
+    Conflict(u64),
+    #[error("{node} has no slot to release in epoch {epoch}")]
+    NothingToRelease { node: String, epoch: u64 },
+    #[error(
+        "{node} is to release {slots} slots in epoch {epoch}. Releasing them by force lets their \
+         new owners serve them from the store at once: whatever {node} has not written yet is \
+         lost, and if it is still running it may go on changing them. Only for a node that is \
+         dead; pass --force to do it"
+    )]
+    ForceRequired {
+        node: String,
+        slots: usize,
+        epoch: u64,
+    },
+    #[error("epoch {epoch} not served after {after:?}: waiting on {waiting}", waiting = .waiting.join(", "))]
+    StillWaiting {
+        epoch: u64,
+        after: Duration,
+        waiting: Vec<String>,
+    },
+}
+
+/// Runs `readstates ring ACTION` against the ring in Cassandra, printing
+/// what it did.
+pub async fn run(config: &Config, action: RingAction) -> Result<(), BoxError> {
+    let store = CassandraRingStore::connect(&config.cassandra()).await?;
+    let (ring_change, wait) = match action {
+        RingAction::Show => {
+            let record = store.load().await?;
+            print!("{}", describe(&record, &store.progress().await?));
+            return Ok(());
+        }
+        RingAction::Release { node, force } => {
+            let slots = release(&store, &node, force).await?;
+            println!("{node}: {slots} slots released; their new owners serve them from the store");
+            return Ok(());
+        }
+        RingAction::Add {
+            node,
+            address,
+            weight,
+            wait,
+        } => (
+            RingChange::Add(Node {
+                id: node,
+                address,
+                weight,
+            }),
+            wait,
+        ),
+        RingAction::SetWeight { node, weight, wait } => {
+            (RingChange::SetWeight { node, weight }, wait)
+        }
+        RingAction::Remove { node, wait } => (RingChange::Remove { node }, wait),
+    };
+    let started = tokio::time::Instant::now();
+    let record = change(&store, ring_change).await?;
+    let epoch = record.ring.epoch();
+    println!("epoch {epoch}: {} slots move", record.moving().count());
+    if let WaitArgs {
+        wait: Some(timeout),
+    } = wait
+    {
+        wait_served(&store, epoch, timeout).await?;
+        println!(
+            "epoch {epoch}: every slot served by its owner after {} ms",
+            started.elapsed().as_millis()
+        );
+    }
+    Ok(())
+}
+
+/// Makes the next epoch, if the current one is fully served.
+pub async fn change(store: &dyn RingStore, change: RingChange) -> Result<RingRecord, AdminError> {
+    let record = store.load().await?;
+    let waiting = record.waiting_on(&store.progress().await?);
+    if !waiting.is_empty() {
+        return Err(AdminError::HandoffUnderWay {
+            epoch: record.ring.epoch(),
+            waiting,
+        });
+    }
+    let ring = &record.ring;
+    let next = match change {
+        RingChange::Add(node) => ring.with_node(node)?,
+        RingChange::SetWeight { node, weight } => ring.with_weight(&node, weight)?,
+        RingChange::Remove { node } => ring.without(&node)?,
+    };
+    let next = record.advance(next);
+    if !store.advance(&next).await? {
+        return Err(AdminError::Conflict(next.ring.epoch()));
+    }
+    Ok(next)
+}
+
+/// Declares `node`'s moving slots of the current epoch released, so their
+/// new owners stop waiting for it; only with `force`. Returns how many.
+pub async fn release(store: &dyn RingStore, node: &str, force: bool) -> Result<usize, AdminError> {
+    let record = store.load().await?;
+    let epoch = record.ring.epoch();
+    let slots = record
+        .moving()
+        .filter(|&(_, from)| from == Some(node))
+        .count();
+    if slots == 0 {
+        return Err(AdminError::NothingToRelease {
+            node: node.to_owned(),
+            epoch,
+        });
+    }
+    if !force {
+        return Err(AdminError::ForceRequired {
+            node: node.to_owned(),
+            slots,
+            epoch,
+        });
+    }
+    if !record.released.contains(node) && !store.release(epoch, node).await? {
+        return Err(AdminError::Conflict(epoch + 1));
+    }
+    Ok(slots)
+}
+
+/// Waits until every owner of `epoch` serves all its slots.
+pub async fn wait_served(
+    store: &dyn RingStore,
+    epoch: u64,
+    timeout: Duration,
+) -> Result<(), AdminError> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let record = store.load().await?;
+        if record.ring.epoch() != epoch {
+            return Err(AdminError::Conflict(record.ring.epoch()));
+        }
+        let waiting = record.waiting_on(&store.progress().await?);
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() >= timeout {
+            return Err(AdminError::StillWaiting {
+                epoch,
+                after: timeout,
+                waiting,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The ring as `readstates ring show` prints it.
+pub fn describe(record: &RingRecord, progress: &BTreeMap<String, u64>) -> String {
+    let ring = &record.ring;
+    let mut out = format!("epoch {}\n", ring.epoch());
+    let _ = writeln!(
+        out,
+        "{:<24} {:<28} {:>8} {:>6} {:>7}",
+        "node", "address", "weight", "slots", "serving"
+    );
+    for node in ring.nodes() {
+        let serving = progress
+            .get(&node.id)
+            .map_or_else(|| "-".to_owned(), u64::to_string);
+        let _ = writeln!(
+            out,
+            "{:<24} {:<28} {:>8} {:>6} {:>7}",
+            node.id,
+            node.address,
+            node.weight,
+            ring.slots_of(&node.id).count(),
+            serving
+        );
+    }
+    let mut moves: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (slot, from) in record.moving() {
+        let to = ring.owner(slot).map_or("nobody", |n| n.id.as_str());
+        *moves
+            .entry((from.unwrap_or("nobody").to_owned(), to.to_owned()))
+            .or_default() += 1;
+    }
+    if moves.is_empty() {
+        out.push_str("no slot moved in this epoch\n");
+    } else {
+        let moves: Vec<String> = moves
+            .iter()
+            .map(|((from, to), n)| format!("{from} -> {to}: {n}"))
+            .collect();
+        let _ = writeln!(out, "moved in this epoch: {}", moves.join(", "));
+    }
+    if !record.released.is_empty() {
+        let released: Vec<&str> = record.released.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "released by force: {}", released.join(", "));
+    }
+    let waiting = record.waiting_on(progress);
+    if waiting.is_empty() {
+        out.push_str("every slot served by its owner\n");
+    } else {
+        let _ = writeln!(out, "waiting on: {}", waiting.join(", "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ring_store::memory::MemoryRingStore;
+
+    fn node(id: &str, weight: u32) -> Node {
+        Node {
+            id: id.to_owned(),
+            address: format!("{id}:50051"),
+            weight,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_change_at_a_time() {
+        let store = MemoryRingStore::default();
+        let first = change(&store, RingChange::Add(node("a", 100)))
+            .await
+            .unwrap();
+        assert_eq!(first.ring.epoch(), 1);
+        assert_eq!(first.moving().count(), readstates_routing::SLOTS);
+        // a has not said it serves epoch 1.
+        let refused = change(&store, RingChange::Add(node("b", 100))).await;
+        assert!(
+            matches!(&refused, Err(AdminError::HandoffUnderWay { epoch: 1, waiting }) if waiting == &["a"]),
+            "{refused:?}"
+        );
+        store.report("a", 1).await.unwrap();
+        let second = change(&store, RingChange::Add(node("b", 100)))
+            .await
+            .unwrap();
+        assert_eq!(second.previous, first.ring);
+        // b gains slots; a keeps the rest and has served epoch 1 only.
+        store.report("b", 2).await.unwrap();
+        let refused = change(&store, RingChange::Remove { node: "b".into() }).await;
+        assert!(
+            matches!(&refused, Err(AdminError::HandoffUnderWay { waiting, .. }) if waiting == &["a"])
+        );
+        store.report("a", 2).await.unwrap();
+        let third = change(
+            &store,
+            RingChange::SetWeight {
+                node: "b".into(),
+                weight: 0,
+            },
+        )
+        .await
+        .unwrap();
+        assert!(third.moving().all(|(_, from)| from == Some("b")));
+        assert_eq!(third.waiting_on(&store.progress().await.unwrap()), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn a_concurrent_change_loses() {
+        let store = MemoryRingStore::default();
+        let record = RingRecord::empty();
+        let one = record.advance(record.ring.with_node(node("a", 1)).unwrap());
+        let other = record.advance(record.ring.with_node(node("b", 1)).unwrap());
+        assert!(store.advance(&one).await.unwrap());
+        assert!(!store.advance(&other).await.unwrap());
+        assert_eq!(store.load().await.unwrap(), one);
+    }
+
+    #[tokio::test]
+    async fn release_by_force_only() {
+        let store = MemoryRingStore::default();
+        change(&store, RingChange::Add(node("a", 100)))
+            .await
+            .unwrap();
+        store.report("a", 1).await.unwrap();
+        change(&store, RingChange::Add(node("b", 100)))
+            .await
+            .unwrap();
+        assert!(matches!(
+            release(&store, "b", true).await,
+            Err(AdminError::NothingToRelease { .. })
+        ));
+        let refused = release(&store, "a", false).await;
+        assert!(
+            matches!(refused, Err(AdminError::ForceRequired { epoch: 2, .. })),
+            "{refused:?}"
+        );
+        assert!(store.load().await.unwrap().released.is_empty());
+        let slots = release(&store, "a", true).await.unwrap();
+        assert!(slots > 7000, "{slots}");
+        assert_eq!(release(&store, "a", true).await.unwrap(), slots);
+        let record = store.load().await.unwrap();
+        assert!(record.released.contains("a"));
+        let shown = describe(&record, &store.progress().await.unwrap());
+        assert!(shown.contains("released by force: a"), "{shown}");
+        assert!(shown.contains("waiting on: a, b"), "{shown}");
+    }
+}

@@ -1,0 +1,92 @@
+//! Where the ring is kept: [`RingStore`], a small trait over one record
+//! changed by compare-and-set on its epoch, and each node's progress.
+//!
+//! Implementations: [`cassandra`] (lightweight transactions, production) and
+//! [`memory`] (one process: unit and in-process tests).
+
+pub mod cassandra;
+pub mod memory;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use async_trait::async_trait;
+use readstates_routing::{Ring, SLOTS, Slot};
+
+use crate::store::StoreError;
+
+/// The ring as stored: the current epoch's, the one before (whom a new
+/// owner asks to release a slot) and the releases forced by an operator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingRecord {
+    pub ring: Ring,
+    /// Epoch `ring.epoch() - 1` (the empty ring before epoch 1).
+    pub previous: Ring,
+    /// Nodes whose slots moving in this epoch count as released, whether or
+    /// not they answered (`readstates ring release NODE --force`).
+    pub released: BTreeSet<String>,
+}
+
+impl RingRecord {
+    /// Before the first change: epoch 0, nobody owns anything.
+    pub fn empty() -> RingRecord {
+        RingRecord {
+            ring: Ring::empty(),
+            previous: Ring::empty(),
+            released: BTreeSet::new(),
+        }
+    }
+
+    /// The record of the next epoch, `next`, after this one.
+    pub fn advance(&self, next: Ring) -> RingRecord {
+        debug_assert_eq!(next.epoch(), self.ring.epoch() + 1);
+        RingRecord {
+            ring: next,
+            previous: self.ring.clone(),
+            released: BTreeSet::new(),
+        }
+    }
+
+    /// The slots that change owner in this epoch, with the previous owner's
+    /// id (`None`: unowned before).
+    pub fn moving(&self) -> impl Iterator<Item = (Slot, Option<&str>)> + '_ {
+        (0..SLOTS as Slot).filter_map(|slot| {
+            let before = self.previous.owner(slot).map(|n| n.id.as_str());
+            let now = self.ring.owner(slot).map(|n| n.id.as_str());
+            (before != now).then_some((slot, before))
+        })
+    }
+
+    /// Owners of the current epoch that do not serve all their slots yet,
+    /// given each node's progress (see [`RingStore::progress`]).
+    pub fn waiting_on(&self, progress: &BTreeMap<String, u64>) -> Vec<String> {
+        let epoch = self.ring.epoch();
+        self.ring
+            .nodes()
+            .iter()
+            .filter(|n| self.ring.slots_of(&n.id).next().is_some())
+            .filter(|n| progress.get(&n.id).is_none_or(|&e| e < epoch))
+            .map(|n| n.id.clone())
+            .collect()
+    }
+}
+
+#[async_trait]
+pub trait RingStore: Send + Sync + std::fmt::Debug {
+    /// The current record ([`RingRecord::empty`] before the first change),
+    /// as of the last compare-and-set that succeeded.
+    async fn load(&self) -> Result<RingRecord, StoreError>;
+
+    /// Stores `next` if the stored epoch is still the one before it; false
+    /// if another change came first.
+    async fn advance(&self, next: &RingRecord) -> Result<bool, StoreError>;
+
+    /// Adds `node` to the forced releases of `epoch`; false if `epoch` is
+    /// no longer the current one.
+    async fn release(&self, epoch: u64, node: &str) -> Result<bool, StoreError>;
+
+    /// Records that `node` serves every slot it owns in `epoch`.
+    async fn report(&self, node: &str, epoch: u64) -> Result<(), StoreError>;
+
+    /// The newest epoch each node reported.
+    async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+}

@@ -1,0 +1,62 @@
+//! The ring kept in one process: for unit tests and in-process fleets.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use super::{RingRecord, RingStore};
+use crate::store::StoreError;
+
+#[derive(Debug)]
+pub struct MemoryRingStore {
+    state: Mutex<(RingRecord, BTreeMap<String, u64>)>,
+}
+
+impl Default for MemoryRingStore {
+    fn default() -> Self {
+        MemoryRingStore {
+            state: Mutex::new((RingRecord::empty(), BTreeMap::new())),
+        }
+    }
+}
+
+impl MemoryRingStore {
+    fn state(&self) -> std::sync::MutexGuard<'_, (RingRecord, BTreeMap<String, u64>)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl RingStore for MemoryRingStore {
+    async fn load(&self) -> Result<RingRecord, StoreError> {
+        Ok(self.state().0.clone())
+    }
+
+    async fn advance(&self, next: &RingRecord) -> Result<bool, StoreError> {
+        let mut state = self.state();
+        if state.0.ring.epoch() + 1 != next.ring.epoch() {
+            return Ok(false);
+        }
+        state.0 = next.clone();
+        Ok(true)
+    }
+
+    async fn release(&self, epoch: u64, node: &str) -> Result<bool, StoreError> {
+        let mut state = self.state();
+        if state.0.ring.epoch() != epoch {
+            return Ok(false);
+        }
+        state.0.released.insert(node.to_owned());
+        Ok(true)
+    }
+
+    async fn report(&self, node: &str, epoch: u64) -> Result<(), StoreError> {
+        self.state().1.insert(node.to_owned(), epoch);
+        Ok(())
+    }
+
+    async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        Ok(self.state().1.clone())
+    }
+}

@@ -1,0 +1,177 @@
+//! The ring in Cassandra: `readstates ring` changes it one epoch at a time,
+//! racing changes take one epoch each, and a record reads back whole.
+
+use std::process::Command;
+
+use readstates::cluster::ring_store::RingRecord;
+use readstates::cluster::ring_store::RingStore;
+use readstates::cluster::ring_store::cassandra::CassandraRingStore;
+use readstates::store::cassandra;
+use readstates_routing::Node;
+
+use crate::helpers::{config, nodes};
+
+/// A keyspace of the test's own (the ring is one row per keyspace), with
+/// the schema applied, and a ring store on it.
+async fn fresh_keyspace(name: &str) -> (String, CassandraRingStore) {
+    let keyspace = format!("readstates_ring_{name}_{}", readstates::clock::now_micros());
+    let mut config = config(&nodes());
+    config.keyspace = keyspace.clone();
+    let session = cassandra::connect(&config)
+        .await
+        .unwrap_or_else(|e| panic!("no Cassandra at {}: {e}", nodes()));
+    cassandra::schema::migrate(&session, &keyspace, &config.replication)
+        .await
+        .expect("migrate");
+    let store = CassandraRingStore::with_session(session, &keyspace)
+        .await
+        .expect("ring statements prepare");
+    (keyspace, store)
+}
+
+/// Runs `readstates ring ARGS` on `keyspace`: (success, stdout, stderr).
+fn ring(keyspace: &str, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_readstates"))
+        .args([
+            "ring",
+            "--keyspace",
+            keyspace,
+            "--cassandra-nodes",
+            &nodes(),
+        ])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run readstates ring");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn node(id: &str, weight: u32) -> Node {
+    Node {
+        id: id.to_owned(),
+        address: format!("127.0.0.1:{}", 50000 + u16::from(id.as_bytes()[0])),
+        weight,
+    }
+}
+
+#[tokio::test]
+async fn the_ring_command_changes_one_epoch_at_a_time() {
+    let (keyspace, store) = fresh_keyspace("cli").await;
+    let (ok, shown, _) = ring(&keyspace, &["show"]);
+    assert!(ok && shown.starts_with("epoch 0\n"), "{shown}");
+
+    let (ok, out, err) = ring(&keyspace, &["add", "a", "127.0.0.1:50001"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "epoch 1: 16384 slots move\n");
+    // a does not serve epoch 1 yet: the next change waits for it.
+    let (ok, _, err) = ring(&keyspace, &["add", "b", "127.0.0.1:50002"]);
+    assert!(
+        !ok && err.contains("still being handed over: a not serving"),
+        "{err}"
+    );
+    store.report("a", 1).await.unwrap();
+    let (ok, out, err) = ring(
+        &keyspace,
+        &["add", "b", "127.0.0.1:50002", "--weight", "300"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.starts_with("epoch 2: "), "{out}");
+
+    let record = store.load().await.unwrap();
+    assert_eq!(record.ring.epoch(), 2);
+    let b = record.ring.slots_of("b").count();
+    assert!(
+        (11_800..=12_800).contains(&b),
+        "b has 3/4 of the slots: {b}"
+    );
+    assert!(record.moving().all(|(_, from)| from == Some("a")));
+
+    // a dies before it releases: only --force lets b go on without it.
+    let (ok, _, err) = ring(&keyspace, &["release", "a"]);
+    assert!(!ok && err.contains("pass --force"), "{err}");
+    assert!(store.load().await.unwrap().released.is_empty());
+    let (ok, out, err) = ring(&keyspace, &["release", "a", "--force"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!("a: {b} slots released; their new owners serve them from the store\n")
+    );
+    let (_, shown, _) = ring(&keyspace, &["show"]);
+    assert!(shown.contains("released by force: a"), "{shown}");
+    assert!(shown.contains(&format!("a -> b: {b}")), "{shown}");
+    assert!(shown.contains("waiting on: a, b"), "{shown}");
+
+    // Served: `--wait` returns at once and says so.
+    store.report("a", 2).await.unwrap();
+    store.report("b", 2).await.unwrap();
+    let (ok, out, err) = ring(&keyspace, &["set-weight", "b", "0", "--wait", "1s"]);
+    assert!(
+        !ok && err.contains("epoch 3 not served after 1s"),
+        "{out}{err}"
+    );
+    store.report("a", 3).await.unwrap();
+    let (_, shown, _) = ring(&keyspace, &["show"]);
+    assert!(shown.contains("every slot served by its owner"), "{shown}");
+    let (ok, _, err) = ring(&keyspace, &["remove", "z"]);
+    assert!(!ok && err.contains("node z is not in the ring"), "{err}");
+}
+
+#[tokio::test]
+async fn racing_changes_take_one_epoch_each() {
+    let (_, store) = fresh_keyspace("race").await;
+    let store = std::sync::Arc::new(store);
+    for epoch in 1..=3u64 {
+        let current = store.load().await.unwrap();
+        assert_eq!(current.ring.epoch(), epoch - 1);
+        let candidates: Vec<RingRecord> = ["p", "q", "r", "s"]
+            .iter()
+            .map(|id| {
+                let id = format!("{id}{epoch}");
+                current.advance(current.ring.with_node(node(&id, 10)).unwrap())
+            })
+            .collect();
+        let races: Vec<_> = candidates
+            .iter()
+            .cloned()
+            .map(|next| {
+                let store = store.clone();
+                tokio::spawn(async move { store.advance(&next).await.unwrap() })
+            })
+            .collect();
+        let mut won = Vec::new();
+        for (candidate, race) in candidates.into_iter().zip(races) {
+            if race.await.unwrap() {
+                won.push(candidate);
+            }
+        }
+        assert_eq!(won.len(), 1, "epoch {epoch}: exactly one change wins");
+        assert_eq!(store.load().await.unwrap(), won[0]);
+    }
+}
+
+#[tokio::test]
+async fn a_record_reads_back_whole() {
+    let (_, store) = fresh_keyspace("record").await;
+    assert_eq!(store.load().await.unwrap(), RingRecord::empty());
+    let first = RingRecord::empty()
+        .advance(readstates_routing::Ring::new(1, vec![node("a", 1), node("b", 2)]).unwrap());
+    assert!(store.advance(&first).await.unwrap());
+    assert!(!store.advance(&first).await.unwrap(), "epoch 1 is taken");
+    let second = first.advance(first.ring.without("a").unwrap());
+    assert!(store.advance(&second).await.unwrap());
+    assert!(store.release(2, "a").await.unwrap());
+    assert!(
+        !store.release(1, "b").await.unwrap(),
+        "not the current epoch"
+    );
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.ring, second.ring);
+    assert_eq!(loaded.previous, first.ring);
+    assert_eq!(loaded.released.iter().collect::<Vec<_>>(), ["a"]);
+    store.report("b", 2).await.unwrap();
+    assert_eq!(store.progress().await.unwrap().get("b"), Some(&2));
+}
