@@ -22,13 +22,17 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::clock;
+use crate::cluster::ownership::{Ownership, SlotState};
 use crate::error::Error;
 use crate::read_state::UserReadStates;
 use crate::store::{Store, UserWrite};
 use crate::watch::Feed;
 use gate::ChangeGate;
 use pins::Pins;
-pub(crate) use shard::{Due, Loading, Shard, ShardGauges, ShardStats};
+pub(crate) use shard::{Due, LoadFailure, Loading, Shard, ShardGauges, ShardStats};
+
+/// How often a release looks whether its users are all written.
+const RELEASE_POLL: Duration = Duration::from_millis(5);
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -66,11 +70,24 @@ pub struct Cache {
     /// Bounds the store writes under way (see `CacheConfig::write_concurrency`).
     write_permits: Arc<Semaphore>,
     /// Closed when shutdown begins: changes are refused from then on.
+    /// Crossed by a barrier when slots are released.
     gate: ChangeGate,
+    /// The slots this node serves (all of them when standalone).
+    ownership: Arc<Ownership>,
 }
 
 impl Cache {
+    /// A standalone node's cache: every user is served here.
     pub fn new(config: CacheConfig, store: Arc<dyn Store>) -> Arc<Cache> {
+        Cache::with_ownership(config, store, Arc::new(Ownership::standalone()))
+    }
+
+    /// A fleet node's cache: only users of slots `ownership` serves.
+    pub fn with_ownership(
+        config: CacheConfig,
+        store: Arc<dyn Store>,
+        ownership: Arc<Ownership>,
+    ) -> Arc<Cache> {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
         let evicted_total = Arc::new(AtomicUsize::new(0));
@@ -84,6 +101,7 @@ impl Cache {
             config,
             evicted_total,
             gate: ChangeGate::default(),
+            ownership,
         })
     }
 
@@ -114,6 +132,10 @@ impl Cache {
                     Ok(entry) => entry,
                     Err(refused) => return Some(Err(refused)),
                 };
+                // Checked inside the gate: see `crate::cluster::ownership`.
+                if let Err(moved) = self.served(user_id) {
+                    return Some(Err(moved));
+                }
                 let applied =
                     self.apply_change(shard, user_id, |user| f(user, clock::now_micros()));
                 drop(entry);
@@ -138,6 +160,21 @@ impl Cache {
         self.check_unwritten()?;
         let pins = self.pin_all(user_ids).await?;
         let entry = self.gate.enter()?;
+        // Inside the gate, a release of these users' slots either waits for
+        // this request or is seen here, before anything is applied. A pinned
+        // user is held unless such a release let go of it.
+        for &user_id in user_ids {
+            self.served(user_id)?;
+        }
+        if let Some(&user_id) = user_ids
+            .iter()
+            .find(|&&id| !self.with_shard(self.shard_of(id), |shard| shard.holds(id)))
+        {
+            return Err(Error::NotServed {
+                user_id,
+                state: self.ownership.state_of(user_id),
+            });
+        }
         // One clock read for the whole request: each user's version still
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
@@ -156,7 +193,8 @@ impl Cache {
                     results.push(result);
                     writes.extend(write);
                 }
-                // Cannot happen: a pinned user is never evicted.
+                // Cannot happen: a pinned user is never evicted, and was
+                // held when the gate was entered.
                 None => tracing::error!(user_id, "a pinned user was not held; skipped"),
             }
         }
@@ -240,6 +278,9 @@ impl Cache {
         user_ids: &[u64],
         mut f: impl FnMut(&UserReadStates) -> R,
     ) -> Result<Vec<R>, Error> {
+        for &user_id in user_ids {
+            self.served(user_id)?;
+        }
         let mut results: Vec<Option<R>> = user_ids
             .iter()
             .map(|&id| {
@@ -331,6 +372,7 @@ impl Cache {
     async fn pin_loaded(self: &Arc<Self>, user_id: u64, pins: &Pins) -> Result<(), Error> {
         let index = self.shard_of(user_id);
         loop {
+            self.served(user_id)?;
             let found = self.with_shard(index, |shard| {
                 if shard.pin(user_id) {
                     return None;
@@ -348,9 +390,9 @@ impl Cache {
             let outcome = load.wait_for(Option::is_some).await.map(|r| r.clone());
             match outcome {
                 Ok(Some(Ok(()))) => return Ok(()),
-                Ok(Some(Err(reason))) => {
+                Ok(Some(Err(failure))) => {
                     pins.forget(user_id, &load);
-                    return Err(Error::LoadFailed { user_id, reason });
+                    return Err(self.load_error(user_id, failure));
                 }
                 // The loader is gone without an answer: give the pin back
                 // and try again.
@@ -359,6 +401,24 @@ impl Cache {
                     pins.forget(user_id, &load);
                 }
             }
+        }
+    }
+
+    /// Whether this node serves `user_id` (always, when standalone).
+    fn served(&self, user_id: u64) -> Result<(), Error> {
+        match self.ownership.state_of(user_id) {
+            SlotState::Serving => Ok(()),
+            state => Err(Error::NotServed { user_id, state }),
+        }
+    }
+
+    fn load_error(&self, user_id: u64, failure: LoadFailure) -> Error {
+        match failure {
+            LoadFailure::Store(reason) => Error::LoadFailed { user_id, reason },
+            LoadFailure::NotServed => Error::NotServed {
+                user_id,
+                state: self.ownership.state_of(user_id),
+            },
         }
     }
 
@@ -385,6 +445,7 @@ impl Cache {
         let index = self.shard_of(user_id);
         let mut first = count;
         loop {
+            self.served(user_id)?;
             let found = self.with_shard(index, |shard| {
                 let result = attempt(shard);
                 if std::mem::take(&mut first) {
@@ -403,8 +464,9 @@ impl Cache {
                 Err(load) => load,
             };
             // An error from `wait_for` means the loader is gone: try again.
+            // A load discarded because the slot moved: the check says where.
             if let Ok(result) = load.wait_for(Option::is_some).await
-                && let Some(Err(reason)) = &*result
+                && let Some(Err(LoadFailure::Store(reason))) = &*result
             {
                 return Err(Error::LoadFailed {
                     user_id,
@@ -425,6 +487,7 @@ impl Cache {
         pins: u32,
     ) -> watch::Receiver<shard::LoadResult> {
         let (done, load) = watch::channel(None);
+        let ticket = self.ownership.ticket(user_id);
         shard.loading.insert(
             user_id,
             Loading {
@@ -438,13 +501,16 @@ impl Cache {
             cache.with_shard(index, |shard| {
                 let pins = shard.loading.remove(&user_id).map_or(0, |l| l.pins);
                 let shared = match result {
+                    // Kept only if the slot was served all along: see
+                    // `crate::cluster::ownership`.
+                    Ok(_) if !cache.ownership.keeps(ticket) => Err(LoadFailure::NotServed),
                     Ok(stored) => {
                         shard.insert_loaded(user_id, stored.into_user(clock::now_micros()), pins);
                         Ok(())
                     }
                     Err(e) => {
                         tracing::warn!(user_id, error = %e, "load failed");
-                        Err(e.to_string())
+                        Err(LoadFailure::Store(e.to_string()))
                     }
                 };
                 // Under the lock: a pin holder that finds the load gone
@@ -467,6 +533,41 @@ impl Cache {
             self.wakers[index].notify_one();
         }
         result
+    }
+
+    pub fn ownership(&self) -> &Arc<Ownership> {
+        &self.ownership
+    }
+
+    /// Lets go of the users of slots no longer served (the caller moved
+    /// them out of `Serving` already): waits for every change that may have
+    /// seen them served, writes all their unwritten changes (retrying until
+    /// the store takes them), then drops them from memory, clean ones too,
+    /// and tells their Watch streams they moved. Returns the users let go.
+    pub async fn release(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        self.gate.barrier().await;
+        let users: Vec<Vec<u64>> = (0..self.shards.len())
+            .map(|index| self.with_shard(index, |shard| shard.users_leaving(&leaving)))
+            .collect();
+        loop {
+            let unsettled: usize = users
+                .iter()
+                .enumerate()
+                .map(|(index, ids)| self.with_shard(index, |shard| shard.expedite(ids)))
+                .sum();
+            if unsettled == 0 {
+                break;
+            }
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+        for (index, ids) in users.iter().enumerate() {
+            let kept = self.with_shard(index, |shard| shard.let_go(ids));
+            // Cannot happen: nothing changes users of slots not served.
+            if kept > 0 {
+                tracing::error!(index, kept, "users changed while released; kept");
+            }
+        }
+        users.iter().map(Vec::len).sum()
     }
 
     /// Refuses every later change (`UNAVAILABLE`, nothing applied) and

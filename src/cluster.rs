@@ -4,8 +4,11 @@
 //! - [`ring_store`]: where the ring is kept (Cassandra in production),
 //!   changed only by compare-and-set on its epoch.
 //! - [`admin`]: `readstates ring ...`, one change at a time.
+//! - [`ownership`]: the state of every slot on this node, checked by every
+//!   change under the cache's change gate.
 
 pub mod admin;
+pub mod ownership;
 pub mod ring_store;
 
 pub use ring_store::{RingRecord, RingStore};

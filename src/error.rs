@@ -46,6 +46,14 @@ pub enum Error {
     /// applied and is written later, as after `WriteFailed`.
     #[error("the deadline passed before the request was done")]
     DeadlineExceeded,
+    /// This node of a fleet does not serve the user's slot (now, or at
+    /// all): the request was not applied here. The service forwards it to
+    /// the owner, or holds it while the slot is being acquired.
+    #[error("user {user_id} is not served by this node (its slot is {})", .state.name())]
+    NotServed {
+        user_id: u64,
+        state: crate::cluster::ownership::SlotState,
+    },
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -68,7 +76,8 @@ impl Error {
             | Error::WriteFailed { .. }
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
-            | Error::DeletionUnderWay { .. } => Code::Unavailable,
+            | Error::DeletionUnderWay { .. }
+            | Error::NotServed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
         }

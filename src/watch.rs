@@ -58,6 +58,12 @@ pub enum Event {
         user_id: u64,
         version: u64,
     },
+    /// The user's slot moved to another node: it was dropped from this
+    /// stream after `version`, to be subscribed at its new owner.
+    Moved {
+        user_id: u64,
+        version: u64,
+    },
     /// A subscribe or unsubscribe of `user_id` was refused.
     Rejected {
         user_id: u64,
@@ -144,9 +150,20 @@ impl Feed {
     /// Drops `user_id` from this feed and tells the client to subscribe again
     /// after `version`. Queued past the capacity: at most one per user.
     pub fn resync(&self, user_id: u64, version: u64) {
+        self.drop_user(user_id, Event::Resync { user_id, version });
+    }
+
+    /// Drops `user_id` from this feed, its slot having moved to another
+    /// node, where the client subscribes again after `version`. Queued past
+    /// the capacity: at most one per user.
+    pub fn moved(&self, user_id: u64, version: u64) {
+        self.drop_user(user_id, Event::Moved { user_id, version });
+    }
+
+    fn drop_user(&self, user_id: u64, event: Event) {
         let mut queue = self.queue();
         queue.users.remove(&user_id);
-        queue.events.push_back(Event::Resync { user_id, version });
+        queue.events.push_back(event);
         drop(queue);
         self.changed.notify_one();
     }

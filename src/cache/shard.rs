@@ -57,7 +57,17 @@ impl CachedUser {
 }
 
 /// The result of a load shared by every request that waited for it.
-pub(crate) type LoadResult = Option<Result<(), String>>;
+pub(crate) type LoadResult = Option<Result<(), LoadFailure>>;
+
+/// Why a load cached nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LoadFailure {
+    /// The store failed.
+    Store(String),
+    /// The user's slot stopped being served while it loaded (see
+    /// [`crate::cluster::ownership`]): what was read is not kept.
+    NotServed,
+}
 
 /// A load under way.
 #[derive(Debug)]
@@ -541,6 +551,76 @@ impl Shard {
             self.ready.push_back(user_id);
             self.wake = true;
         }
+    }
+
+    /// Whether the user is held (cached, or evicted and not yet written).
+    pub(crate) fn holds(&self, user_id: u64) -> bool {
+        self.users.contains(&user_id) || self.evicted.contains_key(&user_id)
+    }
+
+    /// Users held here (cached, evicted unwritten, or watched) that `leaving`
+    /// says are in slots being released.
+    pub(crate) fn users_leaving(&self, leaving: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .users
+            .iter()
+            .map(|(&id, _)| id)
+            .chain(self.evicted.keys().copied())
+            .chain(self.watchers.keys().copied())
+            .filter(|&id| leaving(id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Queues every one of `ids` that has unwritten changes for a write now,
+    /// and says how many are not written yet (or have a write under way).
+    pub(crate) fn expedite(&mut self, ids: &[u64]) -> usize {
+        let mut unsettled = 0;
+        for &user_id in ids {
+            let Some(user) = self.user_mut(user_id) else {
+                continue;
+            };
+            if user.in_flight {
+                unsettled += 1;
+            } else if user.states.has_unwritten() {
+                unsettled += 1;
+                // Maybe queued already for later: this entry comes first,
+                // and next_due skips whichever is stale.
+                user.queued = true;
+                self.ready.push_back(user_id);
+                self.wake = true;
+            }
+        }
+        unsettled
+    }
+
+    /// Lets go of `ids`, all written (see [`Shard::expedite`]): clean users
+    /// leave the cache, and their streams get a `moved` event. Returns how
+    /// many were not clean and stay.
+    pub(crate) fn let_go(&mut self, ids: &[u64]) -> usize {
+        let mut kept = 0;
+        for &user_id in ids {
+            if let Some(subscribers) = self.watchers.remove(&user_id) {
+                for subscriber in subscribers {
+                    subscriber.feed.moved(user_id, subscriber.version);
+                }
+            }
+            match self.user_mut(user_id) {
+                Some(user) if user.states.has_unwritten() || user.in_flight => kept += 1,
+                Some(_) => {
+                    if let Some(user) = self.users.pop(&user_id) {
+                        self.read_states -= weight(&user.states);
+                    } else if let Some(user) = self.evicted.remove(&user_id) {
+                        self.evicted_total
+                            .fetch_sub(weight(&user.states), Ordering::Relaxed);
+                    }
+                }
+                None => {}
+            }
+        }
+        kept
     }
 
     pub(crate) fn gauges(&mut self) -> ShardGauges {

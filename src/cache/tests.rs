@@ -285,3 +285,151 @@ async fn a_closed_cache_refuses_changes_and_still_reads() {
     assert_eq!(last_acked(&cache, 1, 1).await, Some(10));
     assert_eq!(cache.unwritten(), 1);
 }
+
+// A node of a fleet: users of slots it does not serve, and releases.
+
+mod release {
+    use super::*;
+    use crate::cluster::ownership::{Ownership, SlotState};
+    use crate::store::StoredUser;
+    use crate::watch::{Event, Feed};
+    use crate::write_behind::{WriteBehind, WriteBehindConfig};
+    use readstates_routing::slot_of;
+
+    /// A member cache serving the slots of `served` only.
+    fn member(store: Arc<dyn Store>, served: &[u64]) -> Arc<Cache> {
+        let ownership = Arc::new(Ownership::member());
+        for &user_id in served {
+            ownership.set(slot_of(user_id), SlotState::Serving);
+        }
+        Cache::with_ownership(config(100), store, ownership)
+    }
+
+    fn not_served(result: Result<impl std::fmt::Debug, Error>, user: u64) {
+        assert!(
+            matches!(result, Err(Error::NotServed { user_id, .. }) if user_id == user),
+            "{result:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_user_not_served_is_neither_read_nor_changed() {
+        let store = Arc::new(FaultyStore::memory());
+        let cache = member(store.clone(), &[1]);
+        assert_ne!(slot_of(1), slot_of(2));
+        not_served(ack(&cache, 2, 5, 50).await, 2);
+        not_served(cache.read(2, |_| ()).await, 2);
+        not_served(cache.read_many(&[1, 2], |_| ()).await, 2);
+        // All or nothing: user 1 is served, but user 2 is not.
+        let result = cache
+            .update_many(&[1, 2], |_, user, now| user.ack(Key::channel(5), 50, now))
+            .await;
+        not_served(result, 2);
+        assert_eq!(last_acked(&cache, 1, 5).await, None);
+        assert_eq!(store.loads(), 1, "only the served user was loaded");
+        assert!(ack(&cache, 1, 5, 50).await.unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_writes_every_change_then_lets_go() {
+        let store = Arc::new(FaultyStore::memory());
+        let cache = member(store.clone(), &[1, 2]);
+        let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+        let feed = Feed::new(16);
+        cache.subscribe(1, &feed, 0).await.unwrap();
+        assert!(matches!(feed.next().await, Ok(Event::Changed(_))));
+        assert!(ack(&cache, 1, 5, 50).await.unwrap());
+        assert!(ack(&cache, 2, 5, 60).await.unwrap());
+        // The store fails for a while: the release waits for it.
+        store.inject(Fault::new(Operation::Write, Effect::Fail).lasting(Duration::from_secs(3)));
+        let slot = slot_of(1);
+        cache.ownership().set(slot, SlotState::Releasing);
+        not_served(ack(&cache, 1, 5, 51).await, 1);
+        let started = tokio::time::Instant::now();
+        let released = cache.release(|id| slot_of(id) == slot).await;
+        assert_eq!(released, 1);
+        assert!(
+            started.elapsed() >= Duration::from_secs(3),
+            "waited for the store"
+        );
+        assert_eq!(store.writes().iter().filter(|w| w.user_id == 1).count(), 1);
+        let stored = store.load(1).await.unwrap();
+        assert_eq!(stored.read_states[0].last_acked_id, 50);
+        assert_eq!(cache.stats().0.users, 1, "user 1 let go, user 2 kept");
+        assert!(matches!(feed.next().await, Ok(Event::Changed(c)) if c.version == stored.version));
+        match feed.next().await {
+            Ok(Event::Moved {
+                user_id: 1,
+                version,
+            }) => {
+                assert_eq!(version, stored.version);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(feed.subscribed(), 0);
+        assert_eq!(
+            store.writes().iter().filter(|w| w.user_id == 2).count(),
+            0,
+            "user 2 waits for its write delay"
+        );
+        write_behind.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A store whose first load reads, then waits to be let go: what it
+    /// returns is what the store held when the load began.
+    #[derive(Debug)]
+    struct SlowFirstLoad {
+        inner: MemoryStore,
+        first: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for SlowFirstLoad {
+        fn name(&self) -> &'static str {
+            "slow first load"
+        }
+        async fn load(&self, user_id: u64) -> Result<StoredUser, crate::store::StoreError> {
+            let read = self.inner.load(user_id).await;
+            let wait = self.first.lock().await.take();
+            if let Some(wait) = wait {
+                let _ = wait.await;
+            }
+            read
+        }
+        async fn write(&self, write: &UserWrite) -> Result<(), crate::store::StoreError> {
+            self.inner.write(write).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_load_across_a_move_away_and_back_is_not_kept() {
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let store = Arc::new(SlowFirstLoad {
+            inner: MemoryStore::new(),
+            first: tokio::sync::Mutex::new(Some(wait)),
+        });
+        let cache = member(store.clone(), &[1]);
+        let read = tokio::spawn({
+            let cache = cache.clone();
+            async move { last_acked(&cache, 1, 5).await }
+        });
+        tokio::task::yield_now().await;
+        // The slot moves away, another node changes the user, and it moves
+        // back, all while the first load is under way.
+        let slot = slot_of(1);
+        cache.ownership().set(slot, SlotState::Releasing);
+        assert_eq!(cache.release(|id| slot_of(id) == slot).await, 0);
+        cache.ownership().set(slot, SlotState::NotOwner);
+        let mut elsewhere = UserReadStates::default();
+        elsewhere.ack(Key::channel(5), 77, 10);
+        store.write(&UserWrite::of(1, &elsewhere)).await.unwrap();
+        cache.ownership().set(slot, SlotState::Acquiring);
+        cache.ownership().set(slot, SlotState::Serving);
+        go.send(()).unwrap();
+        assert_eq!(
+            read.await.unwrap(),
+            Some(77),
+            "not what the first load read"
+        );
+    }
+}

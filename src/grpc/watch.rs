@@ -20,8 +20,8 @@ use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::proto::{
-    ReadStatesChanged, WatchEvent, WatchRejected, WatchRequest, WatchResync, watch_event,
-    watch_request,
+    ReadStatesChanged, WatchEvent, WatchMoved, WatchRejected, WatchRequest, WatchResync,
+    watch_event, watch_request,
 };
 use crate::watch::{Event, Feed};
 
@@ -170,6 +170,10 @@ fn to_proto(event: Event) -> WatchEvent {
         Event::Resync { user_id, version } => WatchEvent {
             user_id,
             event: Some(watch_event::Event::Resync(WatchResync { version })),
+        },
+        Event::Moved { user_id, version } => WatchEvent {
+            user_id,
+            event: Some(watch_event::Event::Moved(WatchMoved { version })),
         },
         Event::Rejected { user_id, error } => WatchEvent {
             user_id,
