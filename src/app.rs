@@ -16,9 +16,17 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 use crate::cache::{Cache, CacheConfig};
+use crate::cluster::member::{Member, MemberConfig};
+use crate::cluster::ownership::Ownership;
+use crate::cluster::peers::GrpcPeers;
+use crate::cluster::ring_store::RingStore;
+use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, StoreKind};
+use crate::grpc::release_slots::FleetService;
+use crate::grpc::route::Router;
 use crate::grpc::{ReadStatesService, ServiceConfig};
 use crate::metrics;
+use crate::proto::fleet_server::FleetServer;
 use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;
 use crate::store::cassandra::{self, CassandraConfig, CassandraStore};
@@ -42,13 +50,21 @@ pub struct Application {
     grpc: TcpListener,
     metrics: TcpListener,
     cache: Arc<Cache>,
+    /// Where the ring is kept, for a node of a fleet (`--node-id`).
+    ring_store: Option<Arc<dyn RingStore>>,
 }
 
 impl Application {
     /// Opens the store and binds both listeners (port 0 picks a free one).
     pub async fn build(config: Config) -> Result<Application, BoxError> {
         let store = open_store(&config).await?;
-        Application::build_with_store(config, store).await
+        let ring_store: Option<Arc<dyn RingStore>> = match config.node_id {
+            Some(_) => Some(Arc::new(
+                CassandraRingStore::connect(&config.cassandra()).await?,
+            )),
+            None => None,
+        };
+        Application::build_with(config, store, ring_store).await
     }
 
     /// [`Application::build`] on a store of the caller's (tests wrap one in
@@ -57,7 +73,24 @@ impl Application {
         config: Config,
         store: Arc<dyn Store>,
     ) -> Result<Application, BoxError> {
-        let cache = Cache::new(
+        Application::build_with(config, store, None).await
+    }
+
+    /// A node of a fleet whose ring is kept in `ring_store` (tests keep it
+    /// in memory), under `config.node_id`, on a store of the caller's.
+    pub async fn build_with(
+        config: Config,
+        store: Arc<dyn Store>,
+        ring_store: Option<Arc<dyn RingStore>>,
+    ) -> Result<Application, BoxError> {
+        if ring_store.is_some() && config.node_id.is_none() {
+            return Err("a node of a fleet needs its node_id".into());
+        }
+        let ownership = Arc::new(match ring_store {
+            Some(_) => Ownership::member(),
+            None => Ownership::standalone(),
+        });
+        let cache = Cache::with_ownership(
             CacheConfig {
                 capacity: config.cache_capacity,
                 shards: config.shards,
@@ -66,6 +99,7 @@ impl Application {
                 write_concurrency: config.write_concurrency,
             },
             Arc::new(Instrumented::new(store)),
+            ownership,
         );
         let grpc = TcpListener::bind(config.listen).await?;
         let metrics = TcpListener::bind(config.metrics_listen).await?;
@@ -74,6 +108,7 @@ impl Application {
             grpc,
             metrics,
             cache,
+            ring_store,
         })
     }
 
@@ -105,6 +140,7 @@ impl Application {
             grpc,
             metrics: metrics_listener,
             cache,
+            ring_store,
         } = self;
         let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
@@ -124,13 +160,38 @@ impl Application {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        let service =
+        let mut service =
             ReadStatesService::new(cache.clone(), ServiceConfig::from(&config), stop.clone());
+        // A node of a fleet follows the ring, routes, and answers the other
+        // nodes' ReleaseSlots.
+        let (member, follower) = match (ring_store, &config.node_id) {
+            (Some(ring_store), Some(node_id)) => {
+                let peers = Arc::new(GrpcPeers::default());
+                let member = Member::new(
+                    node_id.clone(),
+                    ring_store,
+                    cache.clone(),
+                    peers.clone(),
+                    MemberConfig {
+                        ring_poll: config.ring_poll,
+                        ..MemberConfig::default()
+                    },
+                );
+                let follower = member.start(stop.clone());
+                service = service.routed(Router {
+                    member: member.clone(),
+                    peers,
+                });
+                (Some(member), Some(follower))
+            }
+            _ => (None, None),
+        };
         let server = tokio::spawn(
             Server::builder()
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(ReadStatesServer::new(service))
+                .add_optional_service(member.map(|m| FleetServer::new(FleetService::new(m))))
                 .serve_with_incoming_shutdown(incoming(grpc), stop.clone().cancelled_owned()),
         );
         tracing::info!(
@@ -139,6 +200,8 @@ impl Application {
             metrics = %metrics_addr,
             store = cache.store().name(),
             write_delay = ?config.write_delay,
+            node = config.node_id.as_deref().unwrap_or("standalone"),
+            advertise = config.advertise.as_deref().unwrap_or("-"),
             "serving"
         );
         Ok(Running {
@@ -150,6 +213,7 @@ impl Application {
             write_behind,
             sampler,
             metrics_server,
+            follower,
         })
     }
 }
@@ -167,6 +231,8 @@ pub struct Running {
     write_behind: WriteBehind,
     sampler: JoinHandle<()>,
     metrics_server: JoinHandle<std::io::Result<()>>,
+    /// A fleet node's ring follower, stopped with `stop`.
+    follower: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -205,6 +271,9 @@ impl Running {
                 }
             },
         };
+        if let Some(follower) = self.follower.take() {
+            let _ = follower.await;
+        }
         let report = self.write_behind.shutdown(self.shutdown_timeout).await;
         if report.unwritten > 0 {
             tracing::error!(

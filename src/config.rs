@@ -323,6 +323,20 @@ settings! {
     /// Apply the schema at startup, as `readstates migrate` does.
     #[arg(long, env = "READSTATES_INIT_SCHEMA", num_args = 0..=1, default_missing_value = "true")]
     init_schema: bool = false;
+    /// Runs this node as a member of the fleet's ring (kept in Cassandra),
+    /// under this id: stable across restarts (a pod or host name). Without
+    /// it the node is standalone and serves every user.
+    #[arg(long, env = "READSTATES_NODE_ID")]
+    node_id: Option<String> = None;
+    /// Where the other nodes and the gateways reach this node's gRPC port,
+    /// `host:port` (as given to `readstates ring add`); required with
+    /// `node_id`.
+    #[arg(long, env = "READSTATES_ADVERTISE")]
+    advertise: Option<String> = None;
+    /// How often a fleet node reads the ring.
+    #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    ring_poll: Duration = Duration::from_secs(1);
 }
 
 impl Default for Config {
@@ -374,6 +388,22 @@ impl Config {
                 "write_delay must be at most {}: every change would wait that long for its write",
                 humantime::format_duration(MAX_WRITE_DELAY)
             ));
+        }
+        if self.node_id.is_some() {
+            if self.store != StoreKind::Cassandra {
+                return refuse(
+                    "node_id needs store = cassandra: the embedded and memory stores are one \
+                     node's own, and the ring lives in Cassandra",
+                );
+            }
+            if self.advertise.is_none() {
+                return refuse(
+                    "node_id needs advertise: the host:port other nodes reach this one at",
+                );
+            }
+            if self.ring_poll.is_zero() {
+                return refuse("ring_poll must be above 0");
+            }
         }
         if self.shutdown_timeout.is_zero() {
             return refuse(

@@ -54,6 +54,14 @@ pub enum Error {
         user_id: u64,
         state: crate::cluster::ownership::SlotState,
     },
+    /// `ReleaseSlots` for a slot this node owns in its newer epoch: the
+    /// asking node is behind, and learns so.
+    #[error("slot {slot} is {} on this node in epoch {epoch}: not released", .state.name())]
+    NotReleased {
+        slot: u16,
+        epoch: u64,
+        state: crate::cluster::ownership::SlotState,
+    },
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -80,6 +88,7 @@ impl Error {
             | Error::NotServed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
+            Error::NotReleased { .. } => Code::FailedPrecondition,
         }
     }
 }

@@ -13,25 +13,31 @@ mod deadline;
 mod delete_read_states;
 mod get_badge_counts;
 mod get_read_states;
+mod get_routing_table;
 mod message_created;
 mod message_deleted;
 mod recipients;
+pub mod release_slots;
+pub mod route;
 mod set_muted;
 pub mod validate;
 mod watch;
 
-use std::future::Future;
+use std::future::{Future, Ready};
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
+use crate::cluster::ownership::SlotState;
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
+use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
 use crate::recent_deletions::RecentDeletions;
@@ -67,6 +73,8 @@ pub struct ReadStatesService {
     /// Cancelled when shutdown begins: Watch streams end with UNAVAILABLE.
     stopping: CancellationToken,
     metrics: Arc<Methods>,
+    /// A fleet node's ring and peers; `None` when standalone.
+    router: Option<route::Router>,
 }
 
 /// Each method's request metrics.
@@ -82,6 +90,7 @@ struct Methods {
     message_deleted: MethodMetrics,
     set_muted: MethodMetrics,
     watch: MethodMetrics,
+    get_routing_table: MethodMetrics,
 }
 
 impl ReadStatesService {
@@ -110,40 +119,115 @@ impl ReadStatesService {
                 message_deleted: MethodMetrics::new("MessageDeleted"),
                 set_muted: MethodMetrics::new("SetMuted"),
                 watch: MethodMetrics::new("Watch"),
+                get_routing_table: MethodMetrics::new("GetRoutingTable"),
             }),
+            router: None,
         }
     }
 
+    /// A node of a fleet: routes by `router` (see [`route`]).
+    pub fn routed(mut self, router: route::Router) -> ReadStatesService {
+        self.router = Some(router);
+        self
+    }
+
+    /// Runs a request that is not forwarded (one touching many users is
+    /// split by owner instead).
     async fn call<Req, Resp, F>(
         &self,
         metrics: &MethodMetrics,
         request: Request<Req>,
-        handler: impl FnOnce(Arc<Cache>, Req) -> F,
+        handler: impl Fn(Arc<Cache>, Req) -> F,
     ) -> Result<Response<Resp>, Status>
     where
+        Req: Clone,
         F: Future<Output = Result<Resp, Error>>,
+    {
+        type NoForward<Req, Resp> =
+            fn(ReadStatesClient<Channel>, Request<Req>) -> Ready<Result<Response<Resp>, Status>>;
+        self.call_routed(metrics, request, handler, None::<NoForward<Req, Resp>>)
+            .await
+    }
+
+    /// Runs a request: bounds the requests in progress, enforces the
+    /// deadline, records the method's status and latency, and maps
+    /// [`Error`] to a gRPC status. On a fleet node, a request for a user
+    /// whose slot is being acquired waits for it (see [`route::HOLD`]), and
+    /// one for a user served elsewhere goes to its owner with `forward`,
+    /// unless it was forwarded already.
+    async fn call_routed<Req, Resp, F, Fwd, FwdFut>(
+        &self,
+        metrics: &MethodMetrics,
+        request: Request<Req>,
+        handler: impl Fn(Arc<Cache>, Req) -> F,
+        forward: Option<Fwd>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: Clone,
+        F: Future<Output = Result<Resp, Error>>,
+        Fwd: FnOnce(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
+        FwdFut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = Instant::now();
         let budget = deadline::budget(request.metadata());
-        let result = match self.in_progress.try_acquire() {
-            Ok(_permit) => {
-                let handling = handler(self.cache.clone(), request.into_inner());
-                match budget {
-                    Some(budget) => tokio::time::timeout(budget, handling)
-                        .await
-                        .unwrap_or(Err(Error::DeadlineExceeded)),
-                    None => handling.await,
-                }
+        let until = budget.map(|budget| started + budget);
+        let forwarded = request.metadata().contains_key(route::FORWARDED);
+        let request = request.into_inner();
+        // Kept only where the request may have to be run again or sent on.
+        let again = self.router.as_ref().map(|_| request.clone());
+        let mut result = self.run(request, budget, &handler).await;
+        if let (Some(router), Some(request)) = (&self.router, again)
+            && let Err(Error::NotServed { user_id, state }) = result
+        {
+            let left = until.map(|until| until.saturating_duration_since(Instant::now()));
+            if state == SlotState::Acquiring && router.hold(user_id, until).await {
+                result = self.run(request, left, &handler).await;
+            } else if let (false, Some(forward)) = (forwarded, forward)
+                && let Some(answer) = router.forward(user_id, request, left, forward).await
+            {
+                let code = answer
+                    .as_ref()
+                    .map_or_else(Status::code, |_| tonic::Code::Ok);
+                metrics.record(code, started.elapsed());
+                return answer;
             }
-            Err(_) => Err(Error::Overloaded {
-                limit: self.config.max_in_progress,
-            }),
-        };
+        }
         let code = result
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);
         metrics.record(code, started.elapsed());
-        result.map(Response::new).map_err(Status::from)
+        result
+            .map(Response::new)
+            .map_err(|error| match (&self.router, &error) {
+                (Some(router), Error::NotServed { user_id, .. }) => {
+                    router.refusal(&error, *user_id)
+                }
+                _ => Status::from(error),
+            })
+    }
+
+    /// The handler within the request bound and the deadline.
+    async fn run<Req, Resp, F>(
+        &self,
+        request: Req,
+        budget: Option<Duration>,
+        handler: &impl Fn(Arc<Cache>, Req) -> F,
+    ) -> Result<Resp, Error>
+    where
+        F: Future<Output = Result<Resp, Error>>,
+    {
+        let Ok(_permit) = self.in_progress.try_acquire() else {
+            return Err(Error::Overloaded {
+                limit: self.config.max_in_progress,
+            });
+        };
+        let handling = handler(self.cache.clone(), request);
+        match budget {
+            Some(budget) => tokio::time::timeout(budget, handling)
+                .await
+                .unwrap_or(Err(Error::DeadlineExceeded)),
+            None => handling.await,
+        }
     }
 }
 
@@ -153,24 +237,48 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<GetReadStatesRequest>,
     ) -> Result<Response<GetReadStatesResponse>, Status> {
-        self.call(
+        self.call_routed(
             &self.metrics.get_read_states,
             request,
             get_read_states::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.get_read_states(request).await
+                },
+            ),
         )
         .await
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
-        self.call(&self.metrics.ack, request, ack::handle).await
+        self.call_routed(
+            &self.metrics.ack,
+            request,
+            ack::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.ack(request).await
+                },
+            ),
+        )
+        .await
     }
 
     async fn bulk_ack(
         &self,
         request: Request<BulkAckRequest>,
     ) -> Result<Response<BulkAckResponse>, Status> {
-        self.call(&self.metrics.bulk_ack, request, bulk_ack::handle)
-            .await
+        self.call_routed(
+            &self.metrics.bulk_ack,
+            request,
+            bulk_ack::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.bulk_ack(request).await
+                },
+            ),
+        )
+        .await
     }
 
     async fn message_created(
@@ -189,10 +297,15 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<DeleteReadStatesRequest>,
     ) -> Result<Response<DeleteReadStatesResponse>, Status> {
-        self.call(
+        self.call_routed(
             &self.metrics.delete_read_states,
             request,
             delete_read_states::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.delete_read_states(request).await
+                },
+            ),
         )
         .await
     }
@@ -213,8 +326,17 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<AckAllRequest>,
     ) -> Result<Response<AckAllResponse>, Status> {
-        self.call(&self.metrics.ack_all, request, ack_all::handle)
-            .await
+        self.call_routed(
+            &self.metrics.ack_all,
+            request,
+            ack_all::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.ack_all(request).await
+                },
+            ),
+        )
+        .await
     }
 
     async fn message_deleted(
@@ -223,7 +345,7 @@ impl ReadStates for ReadStatesService {
     ) -> Result<Response<MessageDeletedResponse>, Status> {
         let recent = self.recent_deletions.clone();
         self.call(&self.metrics.message_deleted, request, |cache, request| {
-            message_deleted::handle(cache, recent, request)
+            message_deleted::handle(cache, recent.clone(), request)
         })
         .await
     }
@@ -232,8 +354,17 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<SetMutedRequest>,
     ) -> Result<Response<SetMutedResponse>, Status> {
-        self.call(&self.metrics.set_muted, request, set_muted::handle)
-            .await
+        self.call_routed(
+            &self.metrics.set_muted,
+            request,
+            set_muted::handle,
+            Some(
+                |mut client: ReadStatesClient<Channel>, request| async move {
+                    client.set_muted(request).await
+                },
+            ),
+        )
+        .await
     }
 
     type WatchStream = watch::WatchStream;
@@ -255,5 +386,18 @@ impl ReadStates for ReadStatesService {
             .watch
             .record(tonic::Code::Ok, started.elapsed());
         Ok(Response::new(stream))
+    }
+
+    async fn get_routing_table(
+        &self,
+        _request: Request<GetRoutingTableRequest>,
+    ) -> Result<Response<GetRoutingTableResponse>, Status> {
+        let started = Instant::now();
+        let member = self.router.as_ref().map(|router| &router.member);
+        let table = get_routing_table::handle(member);
+        self.metrics
+            .get_routing_table
+            .record(tonic::Code::Ok, started.elapsed());
+        Ok(Response::new(table))
     }
 }

@@ -146,6 +146,14 @@ impl ReadStates for BaselineService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         Ok(Response::new(tokio_stream::pending()))
     }
+
+    /// Standalone, as a readstates node without `--node-id` answers.
+    async fn get_routing_table(
+        &self,
+        _: Request<GetRoutingTableRequest>,
+    ) -> Result<Response<GetRoutingTableResponse>, Status> {
+        Ok(Response::new(GetRoutingTableResponse::default()))
+    }
 }
 
 /// Serves the baseline on `listener` until the process ends, with the same

@@ -6,6 +6,7 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use readstates::app::{Application, BoxError};
+use readstates::cluster::ring_store::RingStore;
 use readstates::config::{Config, Settings, StoreKind};
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::{GetReadStatesRequest, GetReadStatesResponse};
@@ -87,6 +88,17 @@ pub async fn spawn_app_with(config: Config) -> TestApp {
 pub async fn spawn_app_on(config: Config, store: Arc<dyn Store>) -> TestApp {
     init_log(&config);
     let app = Application::build_with_store(config, store).await;
+    start(app.expect("build")).await
+}
+
+/// A node of a fleet (`config.node_id`) whose ring is kept in `ring`.
+pub async fn spawn_member(
+    config: Config,
+    store: Arc<dyn Store>,
+    ring: Arc<dyn RingStore>,
+) -> TestApp {
+    init_log(&config);
+    let app = Application::build_with(config, store, Some(ring)).await;
     start(app.expect("build")).await
 }
 

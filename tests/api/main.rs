@@ -5,6 +5,7 @@ mod bad_input;
 mod bulk_ack;
 mod delete_read_states;
 mod faults;
+mod fleet;
 mod get_badge_counts;
 mod get_read_states;
 mod helpers;

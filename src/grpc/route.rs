@@ -1,0 +1,106 @@
+//! Requests for users this node does not serve (a node of a fleet): held
+//! while their slot is being acquired, forwarded once to the owner, or
+//! refused with UNAVAILABLE ("not applied; retry there") naming the owner
+//! and the epoch in the trailers.
+//!
+//! A forwarded request carries `x-readstates-forwarded`, so it is never
+//! forwarded again: two nodes that disagree about an owner (one behind by an
+//! epoch) answer the client instead of passing the request back and forth.
+
+use std::future::Future;
+use std::time::Duration;
+
+use readstates_routing::slot_of;
+use tokio::time::Instant;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::cluster::member::Member;
+use crate::cluster::ownership::SlotState;
+use crate::cluster::peers::GrpcPeers;
+use crate::error::Error;
+use crate::proto::read_states_client::ReadStatesClient;
+
+/// Set on a forwarded request to the id of the node that forwarded it.
+pub const FORWARDED: &str = "x-readstates-forwarded";
+/// On a refusal: the owner as `id@host:port`, and the epoch of that answer.
+pub const OWNER: &str = "x-readstates-owner";
+pub const EPOCH: &str = "x-readstates-epoch";
+
+/// How long a request waits for a slot being acquired.
+pub const HOLD: Duration = Duration::from_secs(2);
+const HOLD_POLL: Duration = Duration::from_millis(5);
+
+/// What a fleet node needs to route: its view of the ring and channels to
+/// the other nodes.
+#[derive(Clone, Debug)]
+pub struct Router {
+    pub member: Member,
+    pub peers: std::sync::Arc<GrpcPeers>,
+}
+
+impl Router {
+    /// Waits up to [`HOLD`] (and the request's deadline) for `user_id`'s
+    /// slot to be served here; whether it is.
+    pub async fn hold(&self, user_id: u64, until: Option<Instant>) -> bool {
+        let deadline = Instant::now() + HOLD;
+        let deadline = until.map_or(deadline, |until| until.min(deadline));
+        let ownership = self.member.ownership();
+        loop {
+            match ownership.state_of(user_id) {
+                SlotState::Serving => return true,
+                SlotState::Acquiring if Instant::now() < deadline => {
+                    tokio::time::sleep(HOLD_POLL).await;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// The refusal of a request for `user_id`: UNAVAILABLE, with the owner
+    /// and epoch as this node knows them.
+    pub fn refusal(&self, error: &Error, user_id: u64) -> Status {
+        let record = self.member.ring();
+        let mut metadata = MetadataMap::new();
+        if let Some(owner) = record.ring.owner(slot_of(user_id))
+            && let Ok(value) = MetadataValue::try_from(format!("{}@{}", owner.id, owner.address))
+        {
+            metadata.insert(OWNER, value);
+        }
+        metadata.insert(EPOCH, MetadataValue::from(record.ring.epoch()));
+        Status::with_metadata(error.code(), error.to_string(), metadata)
+    }
+
+    /// Sends `request` to `user_id`'s owner with `call`, marked forwarded,
+    /// within what is left of the caller's deadline; `None` if the owner is
+    /// this node or nobody.
+    pub async fn forward<Req, Resp, Fut>(
+        &self,
+        user_id: u64,
+        request: Req,
+        budget: Option<Duration>,
+        call: impl FnOnce(ReadStatesClient<Channel>, Request<Req>) -> Fut,
+    ) -> Option<Result<Response<Resp>, Status>>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let record = self.member.ring();
+        let owner = record.ring.owner(slot_of(user_id))?;
+        if owner.id == self.member.id() {
+            return None;
+        }
+        let channel = match self.peers.channel(&owner.address) {
+            Ok(channel) => channel,
+            Err(e) => return Some(Err(Status::unavailable(e))),
+        };
+        let mut request = Request::new(request);
+        if let Ok(value) = MetadataValue::try_from(self.member.id()) {
+            request.metadata_mut().insert(FORWARDED, value);
+        }
+        if let Some(budget) = budget {
+            request.set_timeout(budget);
+        }
+        Some(call(ReadStatesClient::new(channel), request).await)
+    }
+}

@@ -1,0 +1,219 @@
+//! A fleet in one process: nodes sharing one store and a ring kept in
+//! memory, over real gRPC on loopback. Slots move between nodes with every
+//! acknowledged change kept; requests reach owners from any node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::ring_store::RingStore;
+use readstates::cluster::ring_store::memory::MemoryRingStore;
+use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
+use readstates::proto::{AckRequest, GetReadStatesRequest, GetRoutingTableRequest};
+use readstates::store::memory::MemoryStore;
+use readstates_routing::{Node, slot_of};
+use tonic::Code;
+
+use crate::helpers::{TestApp, spawn_member, test_config};
+
+const SERVED_WITHIN: Duration = Duration::from_secs(20);
+
+/// A node `id` of the fleet whose ring is `ring`, on `store`.
+async fn member(id: &str, store: &Arc<MemoryStore>, ring: &Arc<MemoryRingStore>) -> TestApp {
+    let mut config = test_config();
+    config.node_id = Some(id.to_owned());
+    config.ring_poll = Duration::from_millis(50);
+    spawn_member(config, store.clone(), ring.clone()).await
+}
+
+async fn add(ring: &MemoryRingStore, id: &str, app: &TestApp, weight: u32) -> u64 {
+    let node = Node {
+        id: id.to_owned(),
+        address: app.addr.to_string(),
+        weight,
+    };
+    let record = admin::change(ring, RingChange::Add(node)).await.unwrap();
+    served(ring, record.ring.epoch()).await
+}
+
+async fn set_weight(ring: &MemoryRingStore, id: &str, weight: u32) -> u64 {
+    let change = RingChange::SetWeight {
+        node: id.to_owned(),
+        weight,
+    };
+    let record = admin::change(ring, change).await.unwrap();
+    served(ring, record.ring.epoch()).await
+}
+
+async fn served(ring: &MemoryRingStore, epoch: u64) -> u64 {
+    admin::wait_served(ring, epoch, SERVED_WITHIN)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    epoch
+}
+
+fn ack(user_id: u64, message_id: u64) -> AckRequest {
+    AckRequest {
+        user_id,
+        channel_id: 1,
+        message_id,
+        ..AckRequest::default()
+    }
+}
+
+async fn last_acked(app: &mut TestApp, user_id: u64) -> u64 {
+    let response = app
+        .client
+        .get_read_states(GetReadStatesRequest {
+            user_id,
+            ..GetReadStatesRequest::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("user {user_id}: {s:?}"))
+        .into_inner();
+    response.read_states.first().map_or(0, |s| s.last_acked_id)
+}
+
+#[tokio::test]
+async fn slots_move_both_ways_with_every_change_kept() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    let mut a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    let users: Vec<u64> = (1..=300).collect();
+    for &user in &users {
+        a.client.ack(ack(user, 10)).await.unwrap();
+    }
+    // b joins at weight 0 (no slot moves), then takes half: the users it
+    // gains were unwritten on a (30 s write delay) until a released them.
+    add(&ring, "b", &b, 0).await;
+    set_weight(&ring, "b", 100).await;
+    let record = ring.load().await.unwrap();
+    let on_b: Vec<u64> = users
+        .iter()
+        .copied()
+        .filter(|&u| record.ring.owner_of(u).unwrap().id == "b")
+        .collect();
+    assert!(
+        (100..=200).contains(&on_b.len()),
+        "{} users on b",
+        on_b.len()
+    );
+    for &user in &users {
+        assert_eq!(last_acked(&mut b, user).await, 10, "user {user} via b");
+        // Any node takes any request: a forwards to b.
+        a.client.ack(ack(user, 20)).await.unwrap();
+    }
+    // And back: b's slots return to a, with what b applied.
+    set_weight(&ring, "b", 0).await;
+    for &user in &users {
+        assert_eq!(last_acked(&mut a, user).await, 20, "user {user} back on a");
+    }
+    assert_eq!(epoch_of(&mut a).await, 4);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn a_forwarded_request_is_not_forwarded_again() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    let a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    let record = ring.load().await.unwrap();
+    let user = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "a")
+        .unwrap();
+    let mut request = tonic::Request::new(ack(user, 5));
+    request
+        .metadata_mut()
+        .insert(FORWARDED, "c".parse().unwrap());
+    let refused = b.client.ack(request).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let owner = refused.metadata().get(OWNER).unwrap().to_str().unwrap();
+    assert_eq!(owner, format!("a@{}", a.addr));
+    assert_eq!(refused.metadata().get(EPOCH).unwrap(), "2");
+    // Not applied anywhere.
+    assert_eq!(last_acked(&mut b, user).await, 0);
+    let table = b
+        .client
+        .get_routing_table(GetRoutingTableRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(table.nodes.len(), 2);
+    let owner = table.slot_owners[usize::from(slot_of(user))] as usize;
+    assert_eq!(table.nodes[owner].id, "a");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A previous owner that is gone never answers: its slots stay unavailable
+/// at the new owner, however long, until an operator forces the release.
+#[tokio::test]
+async fn a_dead_owner_holds_its_slots_until_released_by_force() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    let a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    let users: Vec<u64> = (1..=50).collect();
+    for &user in &users {
+        b.client.ack(ack(user, 7)).await.unwrap();
+    }
+    // a stops (writing everything, as on SIGTERM) and does not come back;
+    // the operator removes it, and its slots move to b.
+    let report = a.stop().await;
+    assert_eq!(report.unwritten, 0);
+    let record = admin::change(&*ring, RingChange::Remove { node: "a".into() })
+        .await
+        .unwrap();
+    let user = users
+        .iter()
+        .copied()
+        .find(|&u| record.previous.owner_of(u).unwrap().id == "a")
+        .unwrap();
+    // Once b is in epoch 3 (acquiring), a request is held about 2 s, then
+    // refused: not applied, retry.
+    while epoch_of(&mut b).await < 3 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = tokio::time::Instant::now();
+    let refused = b.client.ack(ack(user, 8)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let held = started.elapsed();
+    assert!(held >= Duration::from_millis(1900), "{held:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        admin::wait_served(&*ring, 3, Duration::from_millis(10))
+            .await
+            .is_err(),
+        "no timeout lets b start early"
+    );
+    admin::release(&*ring, "a", true).await.unwrap();
+    served(&ring, 3).await;
+    for &user in &users {
+        assert_eq!(last_acked(&mut b, user).await, 7, "user {user}");
+    }
+    b.client.ack(ack(user, 8)).await.unwrap();
+    assert_eq!(last_acked(&mut b, user).await, 8);
+    b.stop().await;
+}
+
+async fn epoch_of(app: &mut TestApp) -> u64 {
+    let table = app
+        .client
+        .get_routing_table(GetRoutingTableRequest {})
+        .await;
+    table.unwrap().into_inner().epoch
+}
