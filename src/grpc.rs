@@ -19,6 +19,7 @@ mod message_deleted;
 mod recipients;
 pub mod release_slots;
 pub mod route;
+mod scatter;
 mod set_muted;
 pub mod validate;
 mod watch;
@@ -41,6 +42,7 @@ use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
 use crate::recent_deletions::RecentDeletions;
+use scatter::Scatter;
 
 /// What the service takes from the configuration.
 #[derive(Clone, Debug)]
@@ -165,7 +167,7 @@ impl ReadStatesService {
     where
         Req: Clone,
         F: Future<Output = Result<Resp, Error>>,
-        Fwd: FnOnce(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
+        Fwd: Fn(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
         FwdFut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let started = Instant::now();
@@ -173,18 +175,18 @@ impl ReadStatesService {
         let until = budget.map(|budget| started + budget);
         let forwarded = request.metadata().contains_key(route::FORWARDED);
         let request = request.into_inner();
-        // Kept only where the request may have to be run again or sent on.
-        let again = self.router.as_ref().map(|_| request.clone());
-        let mut result = self.run(request, budget, &handler).await;
-        if let (Some(router), Some(request)) = (&self.router, again)
-            && let Err(Error::NotServed { user_id, state }) = result
+        // Kept only where the request may have to be sent on.
+        let again = match (&self.router, forwarded) {
+            (Some(_), false) => Some(request.clone()),
+            _ => None,
+        };
+        let result = self.run_held(request, until, &handler).await;
+        if let (Some(router), Some(request), false, Some(forward)) =
+            (&self.router, again, forwarded, forward)
+            && let Err(Error::NotServed { user_id, .. }) = result
         {
             let left = until.map(|until| until.saturating_duration_since(Instant::now()));
-            if state == SlotState::Acquiring && router.hold(user_id, until).await {
-                result = self.run(request, left, &handler).await;
-            } else if let (false, Some(forward)) = (forwarded, forward)
-                && let Some(answer) = router.forward(user_id, request, left, forward).await
-            {
+            if let Some(answer) = router.forward(user_id, request, left, forward).await {
                 let code = answer
                     .as_ref()
                     .map_or_else(Status::code, |_| tonic::Code::Ok);
@@ -204,6 +206,73 @@ impl ReadStatesService {
                 }
                 _ => Status::from(error),
             })
+    }
+
+    /// Splits a request touching many users by owner (on a fleet node, for
+    /// a request not forwarded already; see [`scatter`]), or runs it here.
+    async fn call_scattered<Req, F, Remote, RemoteFut>(
+        &self,
+        metrics: &MethodMetrics,
+        request: Request<Req>,
+        handler: impl Fn(Arc<Cache>, Req) -> F,
+        remote: Remote,
+    ) -> Result<Response<Req::Response>, Status>
+    where
+        Req: Scatter,
+        F: Future<Output = Result<Req::Response, Error>>,
+        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
+        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
+    {
+        let router = match &self.router {
+            Some(router) if !request.metadata().contains_key(route::FORWARDED) => router,
+            _ => return self.call(metrics, request, handler).await,
+        };
+        let started = Instant::now();
+        let until = deadline::budget(request.metadata()).map(|budget| started + budget);
+        let scattering = router.scatter(
+            request.into_inner(),
+            until,
+            |part| self.run_held(part, until, &handler),
+            remote,
+        );
+        let result = match until {
+            Some(until) => tokio::time::timeout_at(until, scattering)
+                .await
+                .unwrap_or_else(|_| Err(Error::DeadlineExceeded.into())),
+            None => scattering.await,
+        };
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        metrics.record(code, started.elapsed());
+        result.map(Response::new)
+    }
+
+    /// [`Self::run`], and once more after waiting for the user's slot if it
+    /// was being acquired here (see [`route::HOLD`]).
+    async fn run_held<Req, Resp, F>(
+        &self,
+        request: Req,
+        until: Option<Instant>,
+        handler: &impl Fn(Arc<Cache>, Req) -> F,
+    ) -> Result<Resp, Error>
+    where
+        Req: Clone,
+        F: Future<Output = Result<Resp, Error>>,
+    {
+        let left = || until.map(|until| until.saturating_duration_since(Instant::now()));
+        let again = self.router.as_ref().map(|_| request.clone());
+        let result = self.run(request, left(), handler).await;
+        if let (Some(router), Some(request)) = (&self.router, again)
+            && let Err(Error::NotServed {
+                user_id,
+                state: SlotState::Acquiring,
+            }) = result
+            && router.hold(user_id, until).await
+        {
+            return self.run(request, left(), handler).await;
+        }
+        result
     }
 
     /// The handler within the request bound and the deadline.
@@ -285,10 +354,11 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<MessageCreatedRequest>,
     ) -> Result<Response<MessageCreatedResponse>, Status> {
-        self.call(
+        self.call_scattered(
             &self.metrics.message_created,
             request,
             message_created::handle,
+            |mut client, request| async move { client.message_created(request).await },
         )
         .await
     }
@@ -314,10 +384,11 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<GetBadgeCountsRequest>,
     ) -> Result<Response<GetBadgeCountsResponse>, Status> {
-        self.call(
+        self.call_scattered(
             &self.metrics.get_badge_counts,
             request,
             get_badge_counts::handle,
+            |mut client, request| async move { client.get_badge_counts(request).await },
         )
         .await
     }
@@ -344,9 +415,12 @@ impl ReadStates for ReadStatesService {
         request: Request<MessageDeletedRequest>,
     ) -> Result<Response<MessageDeletedResponse>, Status> {
         let recent = self.recent_deletions.clone();
-        self.call(&self.metrics.message_deleted, request, |cache, request| {
-            message_deleted::handle(cache, recent.clone(), request)
-        })
+        self.call_scattered(
+            &self.metrics.message_deleted,
+            request,
+            |cache, request| message_deleted::handle(cache, recent.clone(), request),
+            |mut client, request| async move { client.message_deleted(request).await },
+        )
         .await
     }
 

@@ -99,6 +99,14 @@ impl Member {
         self.inner.ring.borrow().clone()
     }
 
+    /// Looks at the ring now, and waits (at most `within`) until this node
+    /// has adopted `epoch` or a later one.
+    pub async fn catch_up(&self, epoch: u64, within: Duration) {
+        self.inner.poke.notify_one();
+        let mut ring = self.inner.ring.subscribe();
+        let _ = tokio::time::timeout(within, ring.wait_for(|r| r.ring.epoch() >= epoch)).await;
+    }
+
     /// Follows the ring until `stop`.
     pub fn start(&self, stop: CancellationToken) -> JoinHandle<()> {
         let member = self.clone();

@@ -1,7 +1,9 @@
 //! `GetBadgeCounts`: the app-badge numbers of many users, for push services.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
@@ -32,4 +34,39 @@ pub async fn handle(
             })
             .collect(),
     })
+}
+
+impl Scatter for GetBadgeCountsRequest {
+    type Response = GetBadgeCountsResponse;
+
+    fn users(&self) -> Result<Vec<u64>, Error> {
+        validate::at_most("user_ids", self.user_ids.len(), validate::MAX_BADGE_USERS)?;
+        validate::ids("user_ids", &self.user_ids)?;
+        let mut users = self.user_ids.clone();
+        users.sort_unstable();
+        users.dedup();
+        Ok(users)
+    }
+
+    fn part(&self, users: &HashSet<u64>) -> Self {
+        GetBadgeCountsRequest {
+            user_ids: keep(&self.user_ids, users),
+        }
+    }
+
+    /// In request order, as one node answers.
+    fn merge(&self, parts: Vec<GetBadgeCountsResponse>) -> GetBadgeCountsResponse {
+        let by_user: HashMap<u64, BadgeCount> = parts
+            .into_iter()
+            .flat_map(|p| p.counts)
+            .map(|c| (c.user_id, c))
+            .collect();
+        GetBadgeCountsResponse {
+            counts: self
+                .user_ids
+                .iter()
+                .filter_map(|id| by_user.get(id).copied())
+                .collect(),
+        }
+    }
 }

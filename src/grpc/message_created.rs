@@ -2,9 +2,11 @@
 //! and marks the channel read for its author. A redelivery counts nothing:
 //! each read state counts only messages past its watermark.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::recipients::{Effect, recipients};
+use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
@@ -36,4 +38,36 @@ pub async fn handle(
     Ok(MessageCreatedResponse {
         updated: changed.into_iter().filter(|&c| c).count() as u32,
     })
+}
+
+impl Scatter for MessageCreatedRequest {
+    type Response = MessageCreatedResponse;
+
+    fn users(&self) -> Result<Vec<u64>, Error> {
+        let effects = recipients(
+            self.author_id,
+            &self.mentioned_user_ids,
+            &self.unread_user_ids,
+        )?;
+        Ok(effects.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn part(&self, users: &HashSet<u64>) -> Self {
+        MessageCreatedRequest {
+            author_id: if users.contains(&self.author_id) {
+                self.author_id
+            } else {
+                0
+            },
+            mentioned_user_ids: keep(&self.mentioned_user_ids, users),
+            unread_user_ids: keep(&self.unread_user_ids, users),
+            ..self.clone()
+        }
+    }
+
+    fn merge(&self, parts: Vec<MessageCreatedResponse>) -> MessageCreatedResponse {
+        MessageCreatedResponse {
+            updated: parts.iter().map(|p| p.updated).sum(),
+        }
+    }
 }

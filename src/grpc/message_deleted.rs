@@ -2,10 +2,12 @@
 //! node remembers the deletions it applied (see [`RecentDeletions`]), so a
 //! retry within the window changes nothing.
 
+use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::recipients::{Effect, recipients};
+use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
@@ -61,4 +63,27 @@ fn hash(effects: &[(u64, Effect)]) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     effects.hash(&mut hasher);
     hasher.finish()
+}
+
+impl Scatter for MessageDeletedRequest {
+    type Response = MessageDeletedResponse;
+
+    fn users(&self) -> Result<Vec<u64>, Error> {
+        let effects = recipients(0, &self.mentioned_user_ids, &self.unread_user_ids)?;
+        Ok(effects.into_iter().map(|(id, _)| id).collect())
+    }
+
+    fn part(&self, users: &HashSet<u64>) -> Self {
+        MessageDeletedRequest {
+            mentioned_user_ids: keep(&self.mentioned_user_ids, users),
+            unread_user_ids: keep(&self.unread_user_ids, users),
+            ..self.clone()
+        }
+    }
+
+    fn merge(&self, parts: Vec<MessageDeletedResponse>) -> MessageDeletedResponse {
+        MessageDeletedResponse {
+            updated: parts.iter().map(|p| p.updated).sum(),
+        }
+    }
 }

@@ -80,7 +80,7 @@ impl Router {
         user_id: u64,
         request: Req,
         budget: Option<Duration>,
-        call: impl FnOnce(ReadStatesClient<Channel>, Request<Req>) -> Fut,
+        call: impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
     ) -> Option<Result<Response<Resp>, Status>>
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
@@ -90,10 +90,28 @@ impl Router {
         if owner.id == self.member.id() {
             return None;
         }
-        let channel = match self.peers.channel(&owner.address) {
-            Ok(channel) => channel,
-            Err(e) => return Some(Err(Status::unavailable(e))),
+        Some(self.send(&owner.id, request, budget, &call).await)
+    }
+
+    /// Sends a request to `owner`, marked forwarded, within `budget`.
+    pub(super) async fn send<Req, Resp, Fut>(
+        &self,
+        owner: &str,
+        request: Req,
+        budget: Option<Duration>,
+        call: &impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Fut: Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let record = self.member.ring();
+        let Some(node) = record.ring.node(owner) else {
+            return Err(Status::unavailable(format!("{owner} left the ring")));
         };
+        let channel = self
+            .peers
+            .channel(&node.address)
+            .map_err(Status::unavailable)?;
         let mut request = Request::new(request);
         if let Ok(value) = MetadataValue::try_from(self.member.id()) {
             request.metadata_mut().insert(FORWARDED, value);
@@ -101,6 +119,6 @@ impl Router {
         if let Some(budget) = budget {
             request.set_timeout(budget);
         }
-        Some(call(ReadStatesClient::new(channel), request).await)
+        call(ReadStatesClient::new(channel), request).await
     }
 }

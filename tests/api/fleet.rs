@@ -9,7 +9,10 @@ use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
-use readstates::proto::{AckRequest, GetReadStatesRequest, GetRoutingTableRequest};
+use readstates::proto::{
+    AckRequest, GetBadgeCountsRequest, GetReadStatesRequest, GetRoutingTableRequest,
+    MessageCreatedRequest, MessageDeletedRequest,
+};
 use readstates::store::memory::MemoryStore;
 use readstates_routing::{Node, slot_of};
 use tonic::Code;
@@ -216,4 +219,87 @@ async fn epoch_of(app: &mut TestApp) -> u64 {
         .get_routing_table(GetRoutingTableRequest {})
         .await;
     table.unwrap().into_inner().epoch
+}
+
+/// MessageCreated, MessageDeleted and GetBadgeCounts reach users on every
+/// node from any node, once each, answers merged in request order.
+#[tokio::test]
+async fn messages_reach_users_on_every_node() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    let mut a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    let record = ring.load().await.unwrap();
+    let users: Vec<u64> = (1..=40).rev().collect();
+    let on_a = users
+        .iter()
+        .filter(|&&u| record.ring.owner_of(u).unwrap().id == "a")
+        .count();
+    assert!((5..=35).contains(&on_a), "{on_a} of 40 on a");
+    let created = MessageCreatedRequest {
+        channel_id: 9,
+        message_id: 100,
+        author_id: 41,
+        mentioned_user_ids: users[..10].to_vec(),
+        unread_user_ids: users[10..].to_vec(),
+        ..MessageCreatedRequest::default()
+    };
+    let first = a.client.message_created(created.clone()).await.unwrap();
+    assert_eq!(first.into_inner().updated, 41);
+    let again = b.client.message_created(created).await.unwrap();
+    assert_eq!(again.into_inner().updated, 0, "a redelivery counts nothing");
+
+    let badges = b
+        .client
+        .get_badge_counts(GetBadgeCountsRequest {
+            user_ids: users.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<(u64, u64, u32)> = badges
+        .counts
+        .iter()
+        .map(|c| (c.user_id, c.total_mention_count, c.unread_channel_count))
+        .collect();
+    let expected: Vec<(u64, u64, u32)> = users
+        .iter()
+        .enumerate()
+        .map(|(i, &u)| (u, u64::from(i < 10), 1))
+        .collect();
+    assert_eq!(got, expected);
+
+    let deleted = MessageDeletedRequest {
+        channel_id: 9,
+        message_id: 100,
+        mentioned_user_ids: users[..10].to_vec(),
+        unread_user_ids: users[10..].to_vec(),
+        ..MessageDeletedRequest::default()
+    };
+    let first = b.client.message_deleted(deleted.clone()).await.unwrap();
+    assert_eq!(first.into_inner().updated, 40);
+    let retry = b.client.message_deleted(deleted).await.unwrap();
+    assert_eq!(
+        retry.into_inner().updated,
+        0,
+        "each node remembers its part"
+    );
+    for &user in &users {
+        let state = b
+            .client
+            .get_read_states(GetReadStatesRequest {
+                user_id: user,
+                ..GetReadStatesRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(state.unread_channel_count, 0, "user {user}");
+    }
+    a.stop().await;
+    b.stop().await;
 }

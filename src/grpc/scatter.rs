@@ -1,0 +1,135 @@
+//! Requests that touch many users (MessageCreated, MessageDeleted,
+//! GetBadgeCounts) on a node of a fleet: split by owner, the parts sent to
+//! their owners in parallel (this node's part applied here), the answers
+//! merged. Users whose part could not be applied (their owner moved or did
+//! not answer) are split again by the ring as it is then, once; if some
+//! still fail, the call fails with UNAVAILABLE. Every such RPC is idempotent
+//! per part (a watermark, or the deletions a node remembers), so the client
+//! retries the whole call safely.
+
+use futures::future::join_all;
+use readstates_routing::slot_of;
+use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use super::route::{EPOCH, HOLD, Router};
+use crate::error::Error;
+use crate::proto::read_states_client::ReadStatesClient;
+
+/// How to split one kind of request and put its answers together.
+pub trait Scatter: Clone + Send + 'static {
+    type Response: Send + 'static;
+    /// Every user the request touches, validated as the RPC validates them
+    /// (a part, being smaller, then passes every limit).
+    fn users(&self) -> Result<Vec<u64>, Error>;
+    /// The request for `users` only.
+    fn part(&self, users: &HashSet<u64>) -> Self;
+    /// One answer from the answers of the parts.
+    fn merge(&self, parts: Vec<Self::Response>) -> Self::Response;
+}
+
+/// What became of one part.
+enum Outcome<Resp> {
+    Done(Resp),
+    /// Not applied: try its users again by a newer ring.
+    Retry(Vec<u64>, Status, u64),
+    Failed(Status),
+}
+
+impl Router {
+    /// Splits `request` by owner and runs the parts: this node's with
+    /// `local`, the others' with `remote` at their owners.
+    pub async fn scatter<Req, LocalFut, Remote, RemoteFut>(
+        &self,
+        request: Req,
+        until: Option<Instant>,
+        local: impl Fn(Req) -> LocalFut,
+        remote: Remote,
+    ) -> Result<Req::Response, Status>
+    where
+        Req: Scatter,
+        LocalFut: Future<Output = Result<Req::Response, Error>>,
+        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
+        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
+    {
+        let mut pending = request.users().map_err(Status::from)?;
+        let mut answers = Vec::new();
+        for round in 0..2 {
+            let parts = self.split(&pending);
+            let outcomes = join_all(parts.into_iter().map(|(owner, users)| {
+                let part = request.part(&users.iter().copied().collect());
+                let (local, remote) = (&local, &remote);
+                async move {
+                    let left = until.map(|u| u.saturating_duration_since(Instant::now()));
+                    match owner {
+                        None => Outcome::Retry(users, Status::unavailable("no owner"), 0),
+                        Some(owner) if owner == self.member.id() => match local(part).await {
+                            Ok(answer) => Outcome::Done(answer),
+                            Err(error @ Error::NotServed { user_id, .. }) => {
+                                let refusal = self.refusal(&error, user_id);
+                                Outcome::Retry(users, refusal, 0)
+                            }
+                            Err(error) => Outcome::Failed(error.into()),
+                        },
+                        Some(owner) => match self.send(&owner, part, left, remote).await {
+                            Ok(answer) => Outcome::Done(answer.into_inner()),
+                            Err(status) if status.code() == tonic::Code::Unavailable => {
+                                let epoch = status
+                                    .metadata()
+                                    .get(EPOCH)
+                                    .and_then(|e| e.to_str().ok()?.parse().ok())
+                                    .unwrap_or(0);
+                                Outcome::Retry(users, status, epoch)
+                            }
+                            Err(status) => Outcome::Failed(status),
+                        },
+                    }
+                }
+            }))
+            .await;
+            pending = Vec::new();
+            let mut refusal = None;
+            let mut newer = 0;
+            for outcome in outcomes {
+                match outcome {
+                    Outcome::Done(answer) => answers.push(answer),
+                    Outcome::Failed(status) => return Err(status),
+                    Outcome::Retry(users, status, epoch) => {
+                        pending.extend(users);
+                        newer = newer.max(epoch);
+                        refusal.get_or_insert(status);
+                    }
+                }
+            }
+            match refusal {
+                None => return Ok(request.merge(answers)),
+                Some(status) if round == 1 => return Err(status),
+                Some(_) => self.member.catch_up(newer, HOLD).await,
+            }
+        }
+        unreachable!("the second round returns")
+    }
+
+    /// `users` by owner (`None`: no node owns their slot), in the ring as
+    /// this node has it.
+    fn split(&self, users: &[u64]) -> BTreeMap<Option<String>, Vec<u64>> {
+        let record = self.member.ring();
+        let mut parts: BTreeMap<Option<String>, Vec<u64>> = BTreeMap::new();
+        for &user in users {
+            let owner = record.ring.owner(slot_of(user)).map(|n| n.id.clone());
+            parts.entry(owner).or_default().push(user);
+        }
+        parts
+    }
+}
+
+/// The ids of `ids` that are in `users`, in their order.
+pub fn keep(ids: &[u64], users: &HashSet<u64>) -> Vec<u64> {
+    ids.iter()
+        .copied()
+        .filter(|id| users.contains(id))
+        .collect()
+}
