@@ -146,6 +146,7 @@ impl Application {
         let stop = CancellationToken::new();
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
+        metrics::build_info(config.node_id.as_deref().unwrap_or("standalone"));
         let metrics_server = tokio::spawn(metrics::server::serve(
             metrics_listener,
             metrics::handle(),

@@ -162,13 +162,13 @@ impl Cache {
         let entry = self.gate.enter()?;
         // Inside the gate, a release of these users' slots either waits for
         // this request or is seen here, before anything is applied. A pinned
-        // user is held unless such a release let go of it.
+        // user is held unless such a release let go of it (and the slot
+        // came back since, in a new generation).
         for &user_id in user_ids {
             self.served(user_id)?;
         }
-        if let Some(&user_id) = user_ids
-            .iter()
-            .find(|&&id| !self.with_shard(self.shard_of(id), |shard| shard.holds(id)))
+        if !pins.all_kept()
+            && let Some(&user_id) = user_ids.first()
         {
             return Err(Error::NotServed {
                 user_id,
@@ -549,11 +549,15 @@ impl Cache {
         let users: Vec<Vec<u64>> = (0..self.shards.len())
             .map(|index| self.with_shard(index, |shard| shard.users_leaving(&leaving)))
             .collect();
+        // Queued for a write once: write-behind retries a failed write itself.
+        for (index, ids) in users.iter().enumerate() {
+            self.with_shard(index, |shard| shard.expedite(ids));
+        }
         loop {
             let unsettled: usize = users
                 .iter()
                 .enumerate()
-                .map(|(index, ids)| self.with_shard(index, |shard| shard.expedite(ids)))
+                .map(|(index, ids)| self.with_shard(index, |shard| shard.unsettled(ids)))
                 .sum();
             if unsettled == 0 {
                 break;

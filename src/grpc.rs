@@ -53,6 +53,8 @@ pub struct ServiceConfig {
     pub deletion_dedup_capacity: usize,
     /// Events one Watch stream holds for its client.
     pub watch_buffer: usize,
+    /// This node's id (`standalone` without one), a label of its metrics.
+    pub node: String,
 }
 
 impl From<&Config> for ServiceConfig {
@@ -62,6 +64,10 @@ impl From<&Config> for ServiceConfig {
             deletion_dedup_window: config.deletion_dedup_window,
             deletion_dedup_capacity: config.deletion_dedup_capacity,
             watch_buffer: config.watch_buffer,
+            node: config
+                .node_id
+                .clone()
+                .unwrap_or_else(|| "standalone".to_owned()),
         }
     }
 }
@@ -95,12 +101,31 @@ struct Methods {
     get_routing_table: MethodMetrics,
 }
 
+impl Methods {
+    fn new(node: &str) -> Methods {
+        Methods {
+            get_read_states: MethodMetrics::new("GetReadStates", node),
+            ack: MethodMetrics::new("Ack", node),
+            bulk_ack: MethodMetrics::new("BulkAck", node),
+            message_created: MethodMetrics::new("MessageCreated", node),
+            delete_read_states: MethodMetrics::new("DeleteReadStates", node),
+            get_badge_counts: MethodMetrics::new("GetBadgeCounts", node),
+            ack_all: MethodMetrics::new("AckAll", node),
+            message_deleted: MethodMetrics::new("MessageDeleted", node),
+            set_muted: MethodMetrics::new("SetMuted", node),
+            watch: MethodMetrics::new("Watch", node),
+            get_routing_table: MethodMetrics::new("GetRoutingTable", node),
+        }
+    }
+}
+
 impl ReadStatesService {
     pub fn new(
         cache: Arc<Cache>,
         config: ServiceConfig,
         stopping: CancellationToken,
     ) -> ReadStatesService {
+        let metrics = Methods::new(&config.node);
         ReadStatesService {
             cache,
             in_progress: Arc::new(Semaphore::new(config.max_in_progress)),
@@ -110,19 +135,7 @@ impl ReadStatesService {
             )),
             config,
             stopping,
-            metrics: Arc::new(Methods {
-                get_read_states: MethodMetrics::new("GetReadStates"),
-                ack: MethodMetrics::new("Ack"),
-                bulk_ack: MethodMetrics::new("BulkAck"),
-                message_created: MethodMetrics::new("MessageCreated"),
-                delete_read_states: MethodMetrics::new("DeleteReadStates"),
-                get_badge_counts: MethodMetrics::new("GetBadgeCounts"),
-                ack_all: MethodMetrics::new("AckAll"),
-                message_deleted: MethodMetrics::new("MessageDeleted"),
-                set_muted: MethodMetrics::new("SetMuted"),
-                watch: MethodMetrics::new("Watch"),
-                get_routing_table: MethodMetrics::new("GetRoutingTable"),
-            }),
+            metrics: Arc::new(metrics),
             router: None,
         }
     }

@@ -60,28 +60,37 @@ pub fn handle() -> PrometheusHandle {
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!("a metrics recorder was already installed; /metrics will be empty");
             }
-            gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             handle
         })
         .clone()
 }
 
-/// The request metrics of one gRPC method. The handles are resolved once:
+/// `readstates_build_info{version, node}`: which build each node runs, so
+/// that a canary and the fleet show side by side.
+pub fn build_info(node: &str) {
+    gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION"), "node" => node.to_owned()).set(1.0);
+}
+
+/// The request metrics of one gRPC method on one node (the node id, or
+/// `standalone`), so a canary's requests compare with the fleet's. The handles are resolved once:
 /// looking a labelled metric up builds its key and hashes it, which would
 /// cost every request an allocation and a registry lookup.
 #[derive(Clone, Debug)]
 pub struct MethodMetrics {
     method: &'static str,
+    node: String,
     ok: Counter,
     duration: Histogram,
 }
 
 impl MethodMetrics {
-    pub fn new(method: &'static str) -> MethodMetrics {
+    pub fn new(method: &'static str, node: &str) -> MethodMetrics {
+        let ok = code_name(tonic::Code::Ok);
         MethodMetrics {
             method,
-            ok: counter!(REQUESTS, "method" => method, "code" => code_name(tonic::Code::Ok)),
-            duration: histogram!(REQUEST_DURATION, "method" => method),
+            node: node.to_owned(),
+            ok: counter!(REQUESTS, "method" => method, "code" => ok, "node" => node.to_owned()),
+            duration: histogram!(REQUEST_DURATION, "method" => method, "node" => node.to_owned()),
         }
     }
 
@@ -90,7 +99,9 @@ impl MethodMetrics {
         if code == tonic::Code::Ok {
             self.ok.increment(1);
         } else {
-            counter!(REQUESTS, "method" => self.method, "code" => code_name(code)).increment(1);
+            let node = self.node.clone();
+            counter!(REQUESTS, "method" => self.method, "code" => code_name(code), "node" => node)
+                .increment(1);
         }
         self.duration.record(elapsed.as_secs_f64());
     }

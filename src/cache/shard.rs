@@ -553,11 +553,6 @@ impl Shard {
         }
     }
 
-    /// Whether the user is held (cached, or evicted and not yet written).
-    pub(crate) fn holds(&self, user_id: u64) -> bool {
-        self.users.contains(&user_id) || self.evicted.contains_key(&user_id)
-    }
-
     /// Users held here (cached, evicted unwritten, or watched) that `leaving`
     /// says are in slots being released.
     pub(crate) fn users_leaving(&self, leaving: impl Fn(u64) -> bool) -> Vec<u64> {
@@ -574,18 +569,14 @@ impl Shard {
         ids
     }
 
-    /// Queues every one of `ids` that has unwritten changes for a write now,
-    /// and says how many are not written yet (or have a write under way).
-    pub(crate) fn expedite(&mut self, ids: &[u64]) -> usize {
-        let mut unsettled = 0;
+    /// Queues every one of `ids` that has unwritten changes (and no write
+    /// under way) for a write now.
+    pub(crate) fn expedite(&mut self, ids: &[u64]) {
         for &user_id in ids {
             let Some(user) = self.user_mut(user_id) else {
                 continue;
             };
-            if user.in_flight {
-                unsettled += 1;
-            } else if user.states.has_unwritten() {
-                unsettled += 1;
+            if !user.in_flight && user.states.has_unwritten() {
                 // Maybe queued already for later: this entry comes first,
                 // and next_due skips whichever is stale.
                 user.queued = true;
@@ -593,7 +584,14 @@ impl Shard {
                 self.wake = true;
             }
         }
-        unsettled
+    }
+
+    /// How many of `ids` are not written yet, or have a write under way.
+    pub(crate) fn unsettled(&self, ids: &[u64]) -> usize {
+        ids.iter()
+            .filter_map(|id| self.users.peek(id).or_else(|| self.evicted.get(id)))
+            .filter(|user| user.in_flight || user.states.has_unwritten())
+            .count()
     }
 
     /// Lets go of `ids`, all written (see [`Shard::expedite`]): clean users

@@ -375,12 +375,25 @@ mod release {
         write_behind.shutdown(Duration::from_secs(1)).await;
     }
 
-    /// A store whose first load reads, then waits to be let go: what it
-    /// returns is what the store held when the load began.
+    /// A store whose first load of `user` reads, then waits to be let go:
+    /// what it returns is what the store held when the load began.
     #[derive(Debug)]
     struct SlowFirstLoad {
         inner: MemoryStore,
+        user: u64,
         first: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    }
+
+    impl SlowFirstLoad {
+        fn of(user: u64) -> (Arc<SlowFirstLoad>, tokio::sync::oneshot::Sender<()>) {
+            let (go, wait) = tokio::sync::oneshot::channel();
+            let store = SlowFirstLoad {
+                inner: MemoryStore::new(),
+                user,
+                first: tokio::sync::Mutex::new(Some(wait)),
+            };
+            (Arc::new(store), go)
+        }
     }
 
     #[async_trait::async_trait]
@@ -390,6 +403,9 @@ mod release {
         }
         async fn load(&self, user_id: u64) -> Result<StoredUser, crate::store::StoreError> {
             let read = self.inner.load(user_id).await;
+            if user_id != self.user {
+                return read;
+            }
             let wait = self.first.lock().await.take();
             if let Some(wait) = wait {
                 let _ = wait.await;
@@ -403,11 +419,7 @@ mod release {
 
     #[tokio::test]
     async fn a_load_across_a_move_away_and_back_is_not_kept() {
-        let (go, wait) = tokio::sync::oneshot::channel();
-        let store = Arc::new(SlowFirstLoad {
-            inner: MemoryStore::new(),
-            first: tokio::sync::Mutex::new(Some(wait)),
-        });
+        let (store, go) = SlowFirstLoad::of(1);
         let cache = member(store.clone(), &[1]);
         let read = tokio::spawn({
             let cache = cache.clone();
@@ -431,5 +443,35 @@ mod release {
             Some(77),
             "not what the first load read"
         );
+    }
+
+    /// Found in review: a multi-user change pinned user 1, user 1's slot
+    /// moved away and back while the change waited for user 2's load, and
+    /// the change then applied to (and unpinned) a copy it never pinned.
+    #[tokio::test]
+    async fn a_change_whose_pinned_user_was_let_go_meanwhile_applies_nothing() {
+        let (store, go) = SlowFirstLoad::of(2);
+        let cache = member(store.clone(), &[1, 2]);
+        assert_eq!(last_acked(&cache, 1, 5).await, None);
+        let change = tokio::spawn({
+            let cache = cache.clone();
+            async move {
+                cache
+                    .update_many(&[1, 2], |_, user, now| user.ack(Key::channel(5), 50, now))
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        let slot = slot_of(1);
+        cache.ownership().set(slot, SlotState::Releasing);
+        assert_eq!(cache.release(|id| slot_of(id) == slot).await, 1);
+        cache.ownership().set(slot, SlotState::NotOwner);
+        cache.ownership().set(slot, SlotState::Acquiring);
+        cache.ownership().set(slot, SlotState::Serving);
+        assert!(ack(&cache, 1, 5, 40).await.unwrap());
+        go.send(()).unwrap();
+        not_served(change.await.unwrap(), 1);
+        assert_eq!(last_acked(&cache, 1, 5).await, Some(40));
+        assert_eq!(last_acked(&cache, 2, 5).await, None, "all or nothing");
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use readstates_routing::ring::NO_OWNER;
 use readstates_routing::{Node, RingError};
 
 use super::ring_store::cassandra::CassandraRingStore;
@@ -36,6 +37,11 @@ pub enum AdminError {
         waiting = .waiting.join(", ")
     )]
     HandoffUnderWay { epoch: u64, waiting: Vec<String> },
+    #[error(
+        "this change leaves every weight at 0, so no node would own the slots; keep at least one \
+         node's weight above 0 (to replace the last node, add the new one first)"
+    )]
+    NoOwnerLeft,
     #[error("another change made epoch {0} first; look again with `readstates ring show`")]
     Conflict(u64),
     #[error("{node} has no slot to release in epoch {epoch}")]
@@ -125,6 +131,13 @@ pub async fn change(store: &dyn RingStore, change: RingChange) -> Result<RingRec
         RingChange::SetWeight { node, weight } => ring.with_weight(&node, weight)?,
         RingChange::Remove { node } => ring.without(&node)?,
     };
+    // Found in review: slots that go from owned to no owner would be served
+    // by the next node added at once, whatever their last owner still had
+    // unwritten (nobody is asked to release an unowned slot).
+    let owned = |ring: &readstates_routing::Ring| ring.owners().iter().any(|&o| o != NO_OWNER);
+    if owned(&record.ring) && !owned(&next) {
+        return Err(AdminError::NoOwnerLeft);
+    }
     let next = record.advance(next);
     if !store.advance(&next).await? {
         return Err(AdminError::Conflict(next.ring.epoch()));
@@ -289,6 +302,35 @@ mod tests {
         .unwrap();
         assert!(third.moving().all(|(_, from)| from == Some("b")));
         assert_eq!(third.waiting_on(&store.progress().await.unwrap()), ["a"]);
+    }
+
+    #[tokio::test]
+    async fn the_last_weight_never_drops_to_zero() {
+        let store = MemoryRingStore::default();
+        // A canary may join at weight 0 before anyone owns anything.
+        change(&store, RingChange::Add(node("a", 0))).await.unwrap();
+        store.report("a", 1).await.unwrap();
+        change(
+            &store,
+            RingChange::SetWeight {
+                node: "a".into(),
+                weight: 10,
+            },
+        )
+        .await
+        .unwrap();
+        store.report("a", 2).await.unwrap();
+        for refused in [
+            RingChange::SetWeight {
+                node: "a".into(),
+                weight: 0,
+            },
+            RingChange::Remove { node: "a".into() },
+        ] {
+            let result = change(&store, refused).await;
+            assert!(matches!(result, Err(AdminError::NoOwnerLeft)), "{result:?}");
+        }
+        assert_eq!(store.load().await.unwrap().ring.epoch(), 2);
     }
 
     #[tokio::test]

@@ -3,9 +3,12 @@
 //! their owners in parallel (this node's part applied here), the answers
 //! merged. Users whose part could not be applied (their owner moved or did
 //! not answer) are split again by the ring as it is then, once; if some
-//! still fail, the call fails with UNAVAILABLE. Every such RPC is idempotent
-//! per part (a watermark, or the deletions a node remembers), so the client
-//! retries the whole call safely.
+//! still fail, the call fails with UNAVAILABLE, and the client retries the
+//! whole call: MessageCreated counts nothing twice (each read state's
+//! watermark moves with its user), GetBadgeCounts only reads. MessageDeleted
+//! is deduplicated by each node for the parts it applied, so a retry that
+//! straddles a slot move may lower the moved users' counts again (see the
+//! proto): the dedup memory does not move with the users.
 
 use futures::future::join_all;
 use readstates_routing::slot_of;

@@ -66,15 +66,19 @@ async fn metrics_show_requests_and_the_build() {
     let text = app.metrics().await;
     let version = env!("CARGO_PKG_VERSION");
     assert!(
-        text.contains(&format!("readstates_build_info{{version=\"{version}\"}} 1")),
+        text.contains(&format!(
+            "readstates_build_info{{version=\"{version}\",node=\"standalone\"}} 1"
+        )),
         "{text}"
     );
     let ok = readstates::metrics::scrape::value(
         &text,
-        "readstates_requests_total{method=\"Ack\",code=\"OK\"}",
+        "readstates_requests_total{method=\"Ack\",code=\"OK\",node=\"standalone\"}",
     );
     assert!(ok >= 1.0, "{text}");
-    assert!(text.contains("readstates_requests_total{method=\"Ack\",code=\"INVALID_ARGUMENT\"}"));
+    assert!(text.contains(
+        "readstates_requests_total{method=\"Ack\",code=\"INVALID_ARGUMENT\",node=\"standalone\"}"
+    ));
     assert!(text.contains("readstates_request_duration_seconds_bucket{method=\"Ack\""));
 }
 
