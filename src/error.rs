@@ -54,6 +54,10 @@ pub enum Error {
         user_id: u64,
         state: crate::cluster::ownership::SlotState,
     },
+    /// A Watch subscription of a user served by another node could not be
+    /// sent there (the node is down or left the ring).
+    #[error("user {user_id}'s owner {owner} could not be reached; subscribe again")]
+    Unrelayed { user_id: u64, owner: String },
     /// `ReleaseSlots` for a slot this node owns in its newer epoch: the
     /// asking node is behind, and learns so.
     #[error("slot {slot} is {} on this node in epoch {epoch}: not released", .state.name())]
@@ -85,7 +89,8 @@ impl Error {
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
             | Error::DeletionUnderWay { .. }
-            | Error::NotServed { .. } => Code::Unavailable,
+            | Error::NotServed { .. }
+            | Error::Unrelayed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
             Error::NotReleased { .. } => Code::FailedPrecondition,

@@ -463,11 +463,17 @@ impl ReadStates for ReadStatesService {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let started = Instant::now();
+        // A stream relayed from another node subscribes only here.
+        let router = match request.metadata().contains_key(route::FORWARDED) {
+            true => None,
+            false => self.router.clone(),
+        };
         let stream = watch::handle(
             self.cache.clone(),
             request.into_inner(),
             self.config.watch_buffer,
             self.stopping.clone(),
+            router,
         );
         self.metrics
             .watch

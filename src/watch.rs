@@ -64,6 +64,9 @@ pub enum Event {
         user_id: u64,
         version: u64,
     },
+    /// An event of a user served by another node of the fleet, relayed as
+    /// that node sent it (see `grpc::watch::relay`).
+    Relayed(Box<crate::proto::WatchEvent>),
     /// A subscribe or unsubscribe of `user_id` was refused.
     Rejected {
         user_id: u64,
@@ -142,6 +145,25 @@ impl Feed {
             return Offer::Full;
         }
         queue.events.push_back(Event::Changed(change));
+        drop(queue);
+        self.changed.notify_one();
+        Offer::Queued
+    }
+
+    /// Queues an event relayed from another node if there is room; never
+    /// waits. One that ends the user's subscription there (moved, resync,
+    /// rejected) is queued past the capacity, as at most one per user.
+    pub fn relay(&self, event: crate::proto::WatchEvent) -> Offer {
+        if self.closed.is_cancelled() {
+            return Offer::Closed;
+        }
+        use crate::proto::watch_event::Event as Kind;
+        let ends = !matches!(event.event, Some(Kind::Changed(_)));
+        let mut queue = self.queue();
+        if !ends && queue.events.len() >= self.capacity {
+            return Offer::Full;
+        }
+        queue.events.push_back(Event::Relayed(Box::new(event)));
         drop(queue);
         self.changed.notify_one();
         Offer::Queued

@@ -3,6 +3,10 @@
 //! since the client's version, then every change, from the cache shard that
 //! holds the user (see [`crate::watch`]).
 //!
+//! On a node of a fleet, a user served by another node is subscribed there
+//! and its events relayed (see [`relay`]); a user whose slot moves away gets
+//! a `moved` event, and the client subscribes again from its last version.
+//!
 //! A refused subscribe or unsubscribe is answered with a `rejected` event
 //! for that user and the stream goes on: one bad request must not cost a
 //! gateway the thousands of other subscriptions on its stream. A request
@@ -16,8 +20,12 @@ use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
+mod relay;
+
+use super::route::Router;
 use super::validate;
 use crate::cache::Cache;
+use crate::cluster::ownership::SlotState;
 use crate::error::Error;
 use crate::proto::{
     ReadStatesChanged, WatchEvent, WatchMoved, WatchRejected, WatchRequest, WatchResync,
@@ -29,14 +37,24 @@ pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + S
 
 /// Starts serving one stream: a task reads its requests, and the returned
 /// stream sends its feed.
+/// With `router` (a fleet node, on a stream not itself relayed from another
+/// node), users served elsewhere are relayed.
 pub fn handle(
     cache: Arc<Cache>,
     requests: Streaming<WatchRequest>,
     buffer: usize,
     stopping: CancellationToken,
+    router: Option<Router>,
 ) -> WatchStream {
     let feed = Feed::new(buffer);
-    tokio::spawn(serve_requests(cache, requests, feed.clone(), stopping));
+    let relays = router.map(|router| relay::Relays::new(router, feed.clone()));
+    tokio::spawn(serve_requests(
+        cache,
+        requests,
+        feed.clone(),
+        stopping,
+        relays,
+    ));
     let events = futures::stream::unfold(Sender(feed), |sender| async move {
         match sender.0.next().await {
             Ok(event) => Some((Ok(to_proto(event)), sender)),
@@ -64,6 +82,7 @@ async fn serve_requests(
     mut requests: Streaming<WatchRequest>,
     feed: Arc<Feed>,
     stopping: CancellationToken,
+    mut relays: Option<relay::Relays>,
 ) {
     let mut reading = true;
     loop {
@@ -74,7 +93,7 @@ async fn serve_requests(
             feed.room().await;
             match requests.message().await {
                 Ok(Some(request)) => {
-                    apply(&cache, &feed, request).await;
+                    apply(&cache, &feed, relays.as_mut(), request).await;
                     Ok(true)
                 }
                 Ok(None) => Ok(false),
@@ -104,23 +123,33 @@ async fn serve_requests(
     }
 }
 
-async fn apply(cache: &Arc<Cache>, feed: &Arc<Feed>, request: WatchRequest) {
+async fn apply(
+    cache: &Arc<Cache>,
+    feed: &Arc<Feed>,
+    relays: Option<&mut relay::Relays>,
+    request: WatchRequest,
+) {
     let (user_id, result) = match request.action {
         Some(watch_request::Action::Subscribe(subscribe)) => {
             let user_id = subscribe.user_id;
+            let since = subscribe.since_version;
             (
                 user_id,
-                subscribe_user(cache, feed, user_id, subscribe.since_version).await,
+                subscribe_user(cache, feed, relays, user_id, since).await,
             )
         }
         Some(watch_request::Action::Unsubscribe(unsubscribe)) => {
             let user_id = unsubscribe.user_id;
+            let relayed = match relays {
+                Some(relays) => relays.unsubscribe(user_id).await,
+                None => false,
+            };
             // The shard first: once it lets go, no resync for the user can
             // be queued after the unsubscribe.
             let result = validate::id("unsubscribe.user_id", user_id).and_then(|user_id| {
                 let subscribed = cache.unsubscribe(user_id, feed);
                 feed.forget(user_id);
-                if subscribed {
+                if subscribed || relayed {
                     Ok(())
                 } else {
                     Err(Error::NotSubscribed { user_id })
@@ -141,17 +170,42 @@ async fn apply(cache: &Arc<Cache>, feed: &Arc<Feed>, request: WatchRequest) {
 async fn subscribe_user(
     cache: &Arc<Cache>,
     feed: &Arc<Feed>,
+    relays: Option<&mut relay::Relays>,
     user_id: u64,
     since: u64,
 ) -> Result<(), Error> {
     let user_id = validate::id("subscribe.user_id", user_id)?;
-    let subscribed = feed.subscribed();
-    if subscribed >= validate::MAX_WATCHED_USERS_PER_STREAM {
+    let relayed = relays.as_ref().map_or(0, |r| r.count());
+    if feed.subscribed() + relayed >= validate::MAX_WATCHED_USERS_PER_STREAM {
         return Err(Error::TooManySubscriptions {
             limit: validate::MAX_WATCHED_USERS_PER_STREAM,
         });
     }
-    cache.subscribe(user_id, feed, since).await
+    let Some(relays) = relays else {
+        return cache.subscribe(user_id, feed, since).await;
+    };
+    // Subscribing again starts over, wherever the user is now.
+    relays.unsubscribe(user_id).await;
+    let router = relays.router().clone();
+    let result = match cache.subscribe(user_id, feed, since).await {
+        Err(Error::NotServed {
+            state: SlotState::Acquiring,
+            ..
+        }) if router.hold(user_id, None).await => cache.subscribe(user_id, feed, since).await,
+        result => result,
+    };
+    match result {
+        Err(Error::NotServed { user_id, state }) => {
+            let record = router.member.ring();
+            match record.ring.owner_of(user_id) {
+                Some(owner) if owner.id != router.member.id() => {
+                    relays.subscribe(user_id, &owner.id, since).await
+                }
+                _ => Err(Error::NotServed { user_id, state }),
+            }
+        }
+        result => result,
+    }
 }
 
 fn to_proto(event: Event) -> WatchEvent {
@@ -175,6 +229,7 @@ fn to_proto(event: Event) -> WatchEvent {
             user_id,
             event: Some(watch_event::Event::Moved(WatchMoved { version })),
         },
+        Event::Relayed(event) => *event,
         Event::Rejected { user_id, error } => WatchEvent {
             user_id,
             event: Some(watch_event::Event::Rejected(WatchRejected {

@@ -11,13 +11,14 @@ use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
 use readstates::proto::{
     AckRequest, GetBadgeCountsRequest, GetReadStatesRequest, GetRoutingTableRequest,
-    MessageCreatedRequest, MessageDeletedRequest,
+    MessageCreatedRequest, MessageDeletedRequest, watch_event,
 };
 use readstates::store::memory::MemoryStore;
 use readstates_routing::{Node, slot_of};
 use tonic::Code;
 
 use crate::helpers::{TestApp, spawn_member, test_config};
+use crate::watch::Watcher;
 
 const SERVED_WITHIN: Duration = Duration::from_secs(20);
 
@@ -300,6 +301,66 @@ async fn messages_reach_users_on_every_node() {
             .into_inner();
         assert_eq!(state.unread_channel_count, 0, "user {user}");
     }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A Watch stream at any node follows users served anywhere: relayed from
+/// their owner, and told when a user moves, to subscribe again.
+#[tokio::test]
+async fn a_watch_stream_follows_users_on_every_node() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    let mut a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 0).await;
+    set_weight(&ring, "b", 100).await;
+    let record = ring.load().await.unwrap();
+    let owned_by = |id: &str| {
+        (1..)
+            .find(|&u| record.ring.owner_of(u).unwrap().id == id)
+            .unwrap()
+    };
+    let (on_a, on_b) = (owned_by("a"), owned_by("b"));
+    b.client.ack(ack(on_b, 10)).await.unwrap();
+
+    // One stream, at a, for a user of a and a user of b.
+    let mut watcher = Watcher::open(&a).await;
+    watcher.subscribe(on_b, 0).await;
+    let (user, first) = watcher.changed().await;
+    assert_eq!(
+        (user, first.partial, first.read_states.len()),
+        (on_b, false, 1)
+    );
+    watcher.subscribe(on_a, 0).await;
+    assert_eq!(watcher.changed().await.0, on_a);
+    b.client.ack(ack(on_b, 11)).await.unwrap();
+    let (user, change) = watcher.changed().await;
+    assert_eq!((user, change.read_states[0].last_acked_id), (on_b, 11));
+    a.client.ack(ack(on_b, 12)).await.unwrap();
+    let (_, last) = watcher.changed().await;
+    assert_eq!(last.read_states[0].last_acked_id, 12, "forwarded to b");
+
+    // b's slots come back to a: the relayed user moves, with its version.
+    set_weight(&ring, "b", 0).await;
+    let event = watcher.next().await;
+    let Some(watch_event::Event::Moved(moved)) = event.event else {
+        panic!("{event:?}");
+    };
+    assert_eq!((event.user_id, moved.version), (on_b, last.version));
+    assert!(last.version > change.version);
+    // Subscribed again from that version, now served at a itself.
+    watcher.subscribe(on_b, moved.version).await;
+    let (user, delta) = watcher.changed().await;
+    assert_eq!(
+        (user, delta.partial, delta.read_states.len()),
+        (on_b, true, 0)
+    );
+    a.client.ack(ack(on_b, 13)).await.unwrap();
+    assert_eq!(watcher.changed().await.1.read_states[0].last_acked_id, 13);
     a.stop().await;
     b.stop().await;
 }

@@ -16,14 +16,14 @@ use tonic::{Code, Streaming};
 
 use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
 
-/// One open Watch stream.
-struct Watcher {
+/// One open Watch stream (the fleet tests use it too).
+pub struct Watcher {
     requests: mpsc::Sender<WatchRequest>,
     events: Streaming<WatchEvent>,
 }
 
 impl Watcher {
-    async fn open(app: &TestApp) -> Watcher {
+    pub async fn open(app: &TestApp) -> Watcher {
         Watcher::open_on(app.channel().await).await
     }
 
@@ -32,7 +32,7 @@ impl Watcher {
     /// quickly fills the server's buffer. The connection window stays at
     /// hyper's 5 MiB: h2 allows half of it in buffered small DATA frames
     /// (one event each here) before it gives up on the connection.
-    async fn open_small_window(app: &TestApp) -> Watcher {
+    pub async fn open_small_window(app: &TestApp) -> Watcher {
         let channel = Channel::from_shared(format!("http://{}", app.addr))
             .unwrap()
             .initial_stream_window_size(65_535)
@@ -42,7 +42,7 @@ impl Watcher {
         Watcher::open_on(channel).await
     }
 
-    async fn open_on(channel: Channel) -> Watcher {
+    pub async fn open_on(channel: Channel) -> Watcher {
         let (requests, receiver) = mpsc::channel(1024);
         let mut client = ReadStatesClient::new(channel);
         let events = client
@@ -53,7 +53,7 @@ impl Watcher {
         Watcher { requests, events }
     }
 
-    async fn subscribe(&self, user_id: u64, since_version: u64) {
+    pub async fn subscribe(&self, user_id: u64, since_version: u64) {
         let subscribe = watch_request::Action::Subscribe(WatchSubscribe {
             user_id,
             since_version,
@@ -61,19 +61,19 @@ impl Watcher {
         self.send(Some(subscribe)).await;
     }
 
-    async fn unsubscribe(&self, user_id: u64) {
+    pub async fn unsubscribe(&self, user_id: u64) {
         let unsubscribe = watch_request::Action::Unsubscribe(WatchUnsubscribe { user_id });
         self.send(Some(unsubscribe)).await;
     }
 
-    async fn send(&self, action: Option<watch_request::Action>) {
+    pub async fn send(&self, action: Option<watch_request::Action>) {
         self.requests
             .send(WatchRequest { action })
             .await
             .expect("stream open");
     }
 
-    async fn next(&mut self) -> WatchEvent {
+    pub async fn next(&mut self) -> WatchEvent {
         tokio::time::timeout(Duration::from_secs(5), self.events.message())
             .await
             .expect("an event within 5 s")
@@ -83,14 +83,14 @@ impl Watcher {
 
     /// The status the stream ends with, within 5 s (the request grace of a
     /// shutdown is 10 s, so it ends well before the grace runs out).
-    async fn ending(&mut self) -> tonic::Status {
+    pub async fn ending(&mut self) -> tonic::Status {
         tokio::time::timeout(Duration::from_secs(5), self.events.message())
             .await
             .expect("the stream ends at once")
             .expect_err("an error status")
     }
 
-    async fn changed(&mut self) -> (u64, ReadStatesChanged) {
+    pub async fn changed(&mut self) -> (u64, ReadStatesChanged) {
         let event = self.next().await;
         match event.event {
             Some(watch_event::Event::Changed(changed)) => (event.user_id, changed),
@@ -98,7 +98,7 @@ impl Watcher {
         }
     }
 
-    async fn rejected(&mut self) -> (u64, WatchRejected) {
+    pub async fn rejected(&mut self) -> (u64, WatchRejected) {
         let event = self.next().await;
         match event.event {
             Some(watch_event::Event::Rejected(rejected)) => (event.user_id, rejected),
