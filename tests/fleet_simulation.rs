@@ -1,0 +1,449 @@
+//! The fleet's handoff, randomized, seeded, on a paused clock.
+//!
+//! Three nodes share one store (which fails and slows down at random) and a
+//! ring kept in memory; nodes ask each other to release slots through
+//! in-process peers that fail and stall at random too. Clients route each
+//! operation to the owner in the ring as stored (a gateway with a fresh
+//! table), and retry a refusal a few times. Meanwhile an operator changes
+//! the ring over and over: a canary joins at weight 0, ramps to 1% and to
+//! half, goes back to 0; a node drains and returns; slots move back and
+//! forth.
+//!
+//! The operations count: each MessageCreated raises the unread count of each
+//! of its users by exactly one, all of a part's users or none (the parts of
+//! a message are split by owner, as the service splits them), and each Ack
+//! moves a read state forward. Each client owns its users, so a user's
+//! operations have one order, and the model applies every acknowledged one
+//! in it.
+//! After every step no slot is served by two nodes; at the end, after every
+//! node has shut down, the store equals the model: nothing lost, nothing
+//! counted twice, whatever moved in between.
+//!
+//! `FLEET_SEEDS=N` sets how many seeds run (default 60), `FLEET_SEED=S`
+//! replays one; a failing seed prints itself.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use readstates::cache::{Cache, CacheConfig};
+use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::member::{Member, MemberConfig};
+use readstates::cluster::ownership::{Ownership, SlotState};
+use readstates::cluster::peers::Peers;
+use readstates::cluster::ring_store::RingStore;
+use readstates::cluster::ring_store::memory::MemoryRingStore;
+use readstates::error::Error;
+use readstates::read_state::Key;
+use readstates::store::Store;
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use readstates::write_behind::{WriteBehind, WriteBehindConfig};
+use readstates_routing::{Node, SLOTS, Slot};
+use tokio_util::sync::CancellationToken;
+
+const NODES: [&str; 3] = ["a", "b", "canary"];
+const USERS: u64 = 40;
+const CLIENTS: usize = 3;
+const OPS_PER_CLIENT: usize = 40;
+const CHANNEL: u64 = 7;
+/// Tries of one operation (a refusal waits a little and tries again).
+const TRIES: usize = 8;
+
+fn address(id: &str) -> String {
+    format!("{id}:1")
+}
+
+/// One node: its cache, write-behind and ring follower.
+struct SimNode {
+    cache: Arc<Cache>,
+    member: Member,
+    write_behind: Option<WriteBehind>,
+    stop: CancellationToken,
+}
+
+/// Nodes call each other's `ReleaseSlots` directly; a call fails or stalls
+/// at random (a partition that heals).
+#[derive(Debug, Default)]
+struct SimPeers {
+    members: Mutex<HashMap<String, Member>>,
+    rng: Mutex<Option<fastrand::Rng>>,
+}
+
+#[async_trait]
+impl Peers for SimPeers {
+    async fn release_slots(
+        &self,
+        address: &str,
+        epoch: u64,
+        slots: &[Slot],
+        _from: &str,
+    ) -> Result<(), String> {
+        let roll = self.rng.lock().unwrap().as_mut().map_or(1.0, |r| r.f64());
+        if roll < 0.2 {
+            return Err("partitioned".into());
+        }
+        if roll < 0.3 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let member = self.members.lock().unwrap().get(address).cloned();
+        let member = member.ok_or("no such node")?;
+        member
+            .release_slots(epoch, slots)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// What the store must hold of a user's read state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct State {
+    last_acked_id: u64,
+    /// The watermark: a message at or below it counts nothing.
+    last_message_id: u64,
+    unread_count: u32,
+}
+
+type Model = BTreeMap<u64, State>;
+
+async fn simulate(seed: u64) -> usize {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let store = Arc::new(FaultyStore::memory());
+    let ring = Arc::new(MemoryRingStore::default());
+    let peers = Arc::new(SimPeers::default());
+    *peers.rng.lock().unwrap() = Some(fastrand::Rng::with_seed(seed ^ 0x5eed));
+    let mut nodes = Vec::new();
+    for id in NODES {
+        let cache = Cache::with_ownership(
+            CacheConfig {
+                capacity: 16 + rng.usize(..32),
+                shards: 2,
+                write_delay: Duration::from_millis(200 + rng.u64(..2_000)),
+                max_evicted_unwritten: 10_000,
+                write_concurrency: 4,
+            },
+            store.clone() as Arc<dyn Store>,
+            Arc::new(Ownership::member()),
+        );
+        let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+        let member = Member::new(
+            id.to_owned(),
+            ring.clone(),
+            cache.clone(),
+            peers.clone(),
+            MemberConfig {
+                ring_poll: Duration::from_millis(100),
+                retry: Duration::from_millis(50),
+            },
+        );
+        peers
+            .members
+            .lock()
+            .unwrap()
+            .insert(address(id), member.clone());
+        let stop = CancellationToken::new();
+        member.start(stop.clone());
+        nodes.push(SimNode {
+            cache,
+            member,
+            write_behind: Some(write_behind),
+            stop,
+        });
+    }
+    let nodes = Arc::new(nodes);
+
+    // The ring starts with a and b, served.
+    for id in ["a", "b"] {
+        change(&ring, RingChange::Add(node(id, 100))).await;
+    }
+
+    // Faults in the store, now and then, for a while.
+    if rng.bool() {
+        store.inject(
+            Fault::new(Operation::Write, Effect::Fail)
+                .chance(0.3)
+                .lasting(Duration::from_secs(3)),
+        );
+    }
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(30))).chance(0.2));
+
+    let model = Arc::new(Mutex::new(Model::new()));
+    let next_message = Arc::new(Mutex::new(1u64));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (nodes, ring, model, next_message) = (
+                nodes.clone(),
+                ring.clone(),
+                model.clone(),
+                next_message.clone(),
+            );
+            let mut rng = fastrand::Rng::with_seed(seed * 31 + client as u64);
+            tokio::spawn(async move {
+                let mut done = 0;
+                for _ in 0..OPS_PER_CLIENT {
+                    tokio::time::sleep(Duration::from_millis(rng.u64(..300))).await;
+                    if rng.u8(..3) == 0 {
+                        // Ack: one user, forward to the latest message.
+                        let user = own(&mut rng, client);
+                        let to = *next_message.lock().unwrap();
+                        let applied = route(&nodes, &ring, &[user], |cache, users| {
+                            let users = users.to_vec();
+                            async move {
+                                cache
+                                    .update_many(&users, |_, s, now| {
+                                        s.ack(Key::channel(CHANNEL), to, now);
+                                    })
+                                    .await
+                                    .map(|_| ())
+                            }
+                        })
+                        .await;
+                        if applied.contains(&user) {
+                            let mut model = model.lock().unwrap();
+                            let state = model.entry(user).or_default();
+                            if to > state.last_acked_id {
+                                state.last_acked_id = to;
+                                state.last_message_id = state.last_message_id.max(to);
+                                state.unread_count = 0;
+                            }
+                        }
+                    } else {
+                        // A message to a few users, split by owner.
+                        let message_id = {
+                            let mut next = next_message.lock().unwrap();
+                            *next += 1;
+                            *next
+                        };
+                        let mut users: Vec<u64> = (0..1 + rng.usize(..5))
+                            .map(|_| own(&mut rng, client))
+                            .collect();
+                        users.sort_unstable();
+                        users.dedup();
+                        let applied = route(&nodes, &ring, &users, |cache, part| {
+                            let part = part.to_vec();
+                            async move {
+                                cache
+                                    .update_many(&part, |_, s, now| {
+                                        s.message_created(
+                                            Key::channel(CHANNEL),
+                                            message_id,
+                                            false,
+                                            now,
+                                        );
+                                    })
+                                    .await
+                                    .map(|_| ())
+                            }
+                        })
+                        .await;
+                        let mut model = model.lock().unwrap();
+                        for user in applied {
+                            let state = model.entry(user).or_default();
+                            if message_id > state.last_acked_id.max(state.last_message_id) {
+                                state.last_message_id = message_id;
+                                state.unread_count += 1;
+                            }
+                        }
+                    }
+                    done += 1;
+                    check_one_owner(&nodes);
+                }
+                done
+            })
+        })
+        .collect();
+
+    // The operator.
+    let mut plan: Vec<RingChange> = vec![
+        RingChange::Add(node("canary", 0)),
+        RingChange::SetWeight {
+            node: "canary".into(),
+            weight: 2,
+        },
+        RingChange::SetWeight {
+            node: "canary".into(),
+            weight: 100,
+        },
+        RingChange::SetWeight {
+            node: "canary".into(),
+            weight: 0,
+        },
+        RingChange::SetWeight {
+            node: "b".into(),
+            weight: 0,
+        },
+        RingChange::SetWeight {
+            node: "b".into(),
+            weight: 100,
+        },
+        RingChange::SetWeight {
+            node: "a".into(),
+            weight: 30,
+        },
+        RingChange::SetWeight {
+            node: "a".into(),
+            weight: 100,
+        },
+    ];
+    if rng.bool() {
+        plan.truncate(2 + rng.usize(..plan.len() - 2));
+    }
+    for ring_change in plan {
+        tokio::time::sleep(Duration::from_millis(rng.u64(..800))).await;
+        change(&ring, ring_change).await;
+        check_one_owner(&nodes);
+    }
+
+    let mut operations = 0;
+    for client in clients {
+        operations += client.await.expect("client");
+    }
+    store.clear();
+    // Every node shuts down and writes everything.
+    let mut nodes = Arc::try_unwrap(nodes).ok().expect("clients done");
+    for node in &mut nodes {
+        node.stop.cancel();
+        let report = node
+            .write_behind
+            .take()
+            .unwrap()
+            .shutdown(Duration::from_secs(60))
+            .await;
+        assert_eq!(report.unwritten, 0, "a node could not write everything");
+    }
+
+    let model = model.lock().unwrap().clone();
+    for user in 1..=USERS {
+        let stored = store.load(user).await.unwrap();
+        let got = stored
+            .read_states
+            .iter()
+            .find(|s| s.channel_id == CHANNEL && !s.deleted)
+            .map(|s| State {
+                last_acked_id: s.last_acked_id,
+                last_message_id: s.last_message_id,
+                unread_count: u32::from(s.unread_count),
+            });
+        let expected = model.get(&user).copied();
+        assert_eq!(
+            got.unwrap_or_default(),
+            expected.unwrap_or_default(),
+            "user {user}: the store against the model"
+        );
+    }
+    operations
+}
+
+/// One of client `client`'s users.
+fn own(rng: &mut fastrand::Rng, client: usize) -> u64 {
+    let per_client = USERS / CLIENTS as u64;
+    1 + client as u64 + CLIENTS as u64 * rng.u64(..per_client)
+}
+
+fn node(id: &str, weight: u32) -> Node {
+    Node {
+        id: id.to_owned(),
+        address: address(id),
+        weight,
+    }
+}
+
+/// Makes `ring_change`, waiting for the previous epoch to be served first.
+async fn change(ring: &MemoryRingStore, ring_change: RingChange) {
+    loop {
+        match admin::change(ring, ring_change.clone()).await {
+            Ok(_) => return,
+            Err(admin::AdminError::HandoffUnderWay { .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Sends the parts of an operation (its users split by owner, in the ring
+/// as stored) to their owners; a part refused (not served there, the store
+/// failing) is tried again a little later. Returns the users applied.
+async fn route<F, Fut>(
+    nodes: &[SimNode],
+    ring: &MemoryRingStore,
+    users: &[u64],
+    apply: F,
+) -> Vec<u64>
+where
+    F: Fn(Arc<Cache>, &[u64]) -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let mut pending = users.to_vec();
+    let mut applied = Vec::new();
+    for _ in 0..TRIES {
+        if pending.is_empty() {
+            break;
+        }
+        let record = ring.load().await.unwrap();
+        let mut parts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        for &user in &pending {
+            let owner = record.ring.owner_of(user).expect("an owner");
+            parts.entry(owner.id.clone()).or_default().push(user);
+        }
+        pending.clear();
+        for (owner, part) in parts {
+            let index = NODES.iter().position(|&n| n == owner).unwrap();
+            match apply(nodes[index].cache.clone(), &part).await {
+                Ok(()) => applied.extend(part),
+                Err(Error::NotServed { .. } | Error::LoadFailed { .. }) => pending.extend(part),
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    applied
+}
+
+/// No slot is served by two nodes.
+fn check_one_owner(nodes: &[SimNode]) {
+    for slot in 0..SLOTS as Slot {
+        let serving = nodes
+            .iter()
+            .filter(|n| n.member.ownership().state(slot) == SlotState::Serving)
+            .count();
+        assert!(serving <= 1, "slot {slot} served by {serving} nodes");
+    }
+}
+
+#[test]
+fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
+    let seeds: Vec<u64> = match std::env::var("FLEET_SEED") {
+        Ok(seed) => vec![seed.parse().expect("FLEET_SEED")],
+        Err(_) => {
+            let count =
+                std::env::var("FLEET_SEEDS").map_or(60, |n| n.parse().expect("FLEET_SEEDS"));
+            (0..count).collect()
+        }
+    };
+    let started = std::time::Instant::now();
+    let mut operations = 0;
+    for &seed in &seeds {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(simulate(seed))
+        })) {
+            Ok(done) => operations += done,
+            Err(panic) => {
+                eprintln!("fleet simulation failed at seed {seed}; replay with FLEET_SEED={seed}");
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+    println!(
+        "fleet simulation: {} seeds, {operations} operations, in {:.1?}",
+        seeds.len(),
+        started.elapsed()
+    );
+}
