@@ -9,6 +9,9 @@
 //! - [`write_behind`]: writes changed users to the store after a delay.
 //! - [`watch`]: live change streams, fed by the cache shards.
 //! - [`store`]: the [`store::Store`] trait and its implementations.
+//! - [`cluster`]: a fleet of nodes: the ring (where it is kept, how it
+//!   changes), each slot's ownership on this node, and the handoff of
+//!   slots between nodes.
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
 //! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
@@ -18,7 +21,8 @@
 //! # Data flow
 //! gRPC handler → validated domain call → cache shard (applied under its
 //! lock, user queued) → write-behind → store. Nothing flows back except a
-//! user loaded on a miss.
+//! user loaded on a miss. On a node of a fleet, the handler first routes:
+//! a user served elsewhere goes to its owner ([`grpc::route`]).
 
 #![forbid(unsafe_code)]
 

@@ -34,6 +34,7 @@ pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
 pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
 pub const WATCHED_USERS: &str = "readstates_watched_users";
+pub const SLOTS: &str = "readstates_slots";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -154,6 +155,15 @@ fn sample(cache: &Cache) {
         .oldest_unwritten
         .map_or(0.0, |since| (Instant::now() - since).as_secs_f64());
     gauge!(OLDEST_UNWRITTEN).set(oldest);
+    let [not_owner, serving, releasing, acquiring] = cache.ownership().counts();
+    for (state, count) in [
+        ("not_owner", not_owner),
+        ("serving", serving),
+        ("releasing", releasing),
+        ("acquiring", acquiring),
+    ] {
+        gauge!(SLOTS, "state" => state).set(count as f64);
+    }
 }
 
 fn code_name(code: tonic::Code) -> &'static str {
