@@ -1,10 +1,4 @@
-//! The generated `readstates.v1` protobuf types, server and client, and the
-//! descriptor set that server reflection serves.
+//! The `readstates.v1` API: generated in `readstates-routing` (which gateways
+//! use too), so that the service and its clients share one definition.
 
-#![allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
-
-tonic::include_proto!("readstates.v1");
-
-/// Encoded `FileDescriptorSet` of `proto/readstates/v1/readstates.proto`.
-pub const FILE_DESCRIPTOR_SET: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/readstates_descriptor.bin"));
+pub use readstates_routing::proto::*;

@@ -37,6 +37,30 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// The user whose owner a routing client sends it to: its user, or
+    /// the first of its users (the author of a message, if any).
+    pub fn routing_user(&self) -> u64 {
+        match self {
+            Op::GetReadStates { user_id }
+            | Op::Ack { user_id, .. }
+            | Op::BulkAck { user_id, .. } => *user_id,
+            Op::MessageCreated {
+                author_id,
+                mentioned,
+                unread,
+                ..
+            } => [*author_id]
+                .into_iter()
+                .chain(mentioned.iter().copied())
+                .chain(unread.iter().copied())
+                .find(|&id| id != 0)
+                .unwrap_or(0),
+            Op::GetBadgeCounts { user_ids } => user_ids.first().copied().unwrap_or(0),
+        }
+    }
+}
+
 /// What kind of RPC an operation is; the order is the report's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {

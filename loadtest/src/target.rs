@@ -1,7 +1,10 @@
 //! Where requests go: a `readstates.v1` gRPC server (readstates itself or
-//! the baseline server), or Redis running the same operations as scripts.
-//! Chosen by the target's URL: `grpc://host:port` or `redis://host:port`.
+//! the baseline server; with a fleet, every request enters at that node), a
+//! fleet routed by its table, or Redis running the same operations as
+//! scripts. Chosen by the target's URL: `grpc://host:port`,
+//! `cluster://host:port` (any node) or `redis://host:port`.
 
+pub mod cluster;
 pub mod grpc;
 pub mod redis;
 
@@ -10,6 +13,7 @@ use crate::op::Op;
 #[derive(Debug)]
 pub enum Target {
     Grpc(grpc::GrpcTarget),
+    Cluster(cluster::ClusterTarget),
     /// Boxed: it carries its scripts, and the enum is made once per run.
     Redis(Box<redis::RedisTarget>),
 }
@@ -25,17 +29,23 @@ impl Target {
                 grpc::GrpcTarget::connect(address, connections).await?,
             ));
         }
+        if let Some(entry) = url.strip_prefix("cluster://") {
+            return Ok(Target::Cluster(
+                cluster::ClusterTarget::connect(entry).await?,
+            ));
+        }
         if url.starts_with("redis://") {
             let target = redis::RedisTarget::connect(url, connections).await?;
             return Ok(Target::Redis(Box::new(target)));
         }
-        anyhow::bail!("{url}: expected grpc://host:port or redis://host:port")
+        anyhow::bail!("{url}: expected grpc://host:port, cluster://host:port or redis://host:port")
     }
 
     /// Sends one operation; an error is its status code's name.
     pub async fn execute(&self, op: &Op) -> Result<(), String> {
         match self {
             Target::Grpc(target) => target.execute(op).await,
+            Target::Cluster(target) => target.execute(op).await,
             Target::Redis(target) => target.execute(op).await,
         }
     }

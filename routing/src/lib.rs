@@ -6,9 +6,14 @@
 //!   gateways in any language compute the same (see `routing/slots.csv`).
 //! - [`ring`]: an epoch, the nodes with their weights, and the owner of every
 //!   slot, assigned by weighted rendezvous hashing.
+//! - [`proto`]: the `readstates.v1` API (client and server).
+//! - [`client`]: a client for a fleet that sends each request to its
+//!   user's owner, from the routing table, following redirects.
 
 #![forbid(unsafe_code)]
 
+pub mod client;
+pub mod proto;
 pub mod ring;
 pub mod slot;
 

@@ -22,11 +22,9 @@ use crate::cluster::peers::GrpcPeers;
 use crate::error::Error;
 use crate::proto::read_states_client::ReadStatesClient;
 
-/// Set on a forwarded request to the id of the node that forwarded it.
-pub const FORWARDED: &str = "x-readstates-forwarded";
-/// On a refusal: the owner as `id@host:port`, and the epoch of that answer.
-pub const OWNER: &str = "x-readstates-owner";
-pub const EPOCH: &str = "x-readstates-epoch";
+/// Set on a forwarded request; on a refusal, the owner (`id@host:port`)
+/// and the epoch of that answer. Defined with the client that reads them.
+pub use readstates_routing::client::{EPOCH, FORWARDED, OWNER};
 
 /// How long a request waits for a slot being acquired.
 pub const HOLD: Duration = Duration::from_secs(2);

@@ -14,6 +14,7 @@ use readstates::proto::{
     MessageCreatedRequest, MessageDeletedRequest, watch_event,
 };
 use readstates::store::memory::MemoryStore;
+use readstates_routing::client::FleetClient;
 use readstates_routing::{Node, slot_of};
 use tonic::Code;
 
@@ -361,6 +362,61 @@ async fn a_watch_stream_follows_users_on_every_node() {
     );
     a.client.ack(ack(on_b, 13)).await.unwrap();
     assert_eq!(watcher.changed().await.1.read_states[0].last_acked_id, 13);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The routing client reads the table from any node and sends each request
+/// to its owner: after a move it reads the new table and goes on.
+#[tokio::test]
+async fn the_routing_client_sends_each_request_to_its_owner() {
+    let (store, ring) = (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    );
+    // Node ids of its own: the metrics below are per node id, and other
+    // tests run nodes in this process too.
+    let a = member("route-a", &store, &ring).await;
+    let b = member("route-b", &store, &ring).await;
+    add(&ring, "route-a", &a, 100).await;
+    add(&ring, "route-b", &b, 100).await;
+    let fleet = FleetClient::connect(&b.addr.to_string()).await.unwrap();
+    assert_eq!(fleet.ring().as_ref(), &ring.load().await.unwrap().ring);
+    for user in 1..=20 {
+        fleet
+            .call(
+                user,
+                |mut client| async move { client.ack(ack(user, 30)).await },
+            )
+            .await
+            .unwrap();
+    }
+    // Every request went straight to its owner: each node counted only its
+    // own users' (a forwarded request counts at both nodes).
+    let text = a.metrics().await;
+    let acks = |node: &str| {
+        let series =
+            format!("readstates_requests_total{{method=\"Ack\",code=\"OK\",node=\"{node}\"}}");
+        readstates::metrics::scrape::value(&text, &series)
+    };
+    assert_eq!(acks("route-a") + acks("route-b"), 20.0, "{text}");
+    assert!(acks("route-a") > 0.0 && acks("route-b") > 0.0);
+    set_weight(&ring, "route-b", 300).await;
+    assert_eq!(fleet.refresh().await.unwrap(), 3);
+    for user in 1..=20 {
+        let state = fleet
+            .call(user, |mut client| async move {
+                client
+                    .get_read_states(GetReadStatesRequest {
+                        user_id: user,
+                        ..GetReadStatesRequest::default()
+                    })
+                    .await
+            })
+            .await
+            .unwrap();
+        assert_eq!(state.read_states[0].last_acked_id, 30, "user {user}");
+    }
     a.stop().await;
     b.stop().await;
 }

@@ -40,8 +40,16 @@ impl GrpcTarget {
 
     pub async fn execute(&self, op: &Op) -> Result<(), String> {
         let index = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
-        let mut client = self.clients[index].clone();
-        let result = match op.clone() {
+        send(self.clients[index].clone(), op)
+            .await
+            .map_err(|status| format!("{:?}", status.code()))
+    }
+}
+
+/// Sends one operation on `client`.
+pub async fn send(mut client: ReadStatesClient<Channel>, op: &Op) -> Result<(), tonic::Status> {
+    {
+        match op.clone() {
             Op::GetReadStates { user_id } => {
                 let request = GetReadStatesRequest {
                     user_id,
@@ -97,7 +105,6 @@ impl GrpcTarget {
                 .get_badge_counts(GetBadgeCountsRequest { user_ids })
                 .await
                 .map(drop),
-        };
-        result.map_err(|status| format!("{:?}", status.code()))
+        }
     }
 }

@@ -1,0 +1,173 @@
+//! A client for a fleet: reads the routing table from any node, sends each
+//! request straight to its user's owner (one HTTP/2 channel per node), and
+//! follows a redirect once: an `UNAVAILABLE` naming a newer epoch in its
+//! trailers (`x-readstates-epoch`) means "not applied, your table is old",
+//! so it reads the table again and retries there.
+//!
+//! Requests that touch many users (MessageCreated, GetBadgeCounts, ...) may
+//! go to any node, which splits them by owner; [`FleetClient::for_user`]
+//! with one of their users saves a hop for that user's part.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Response, Status};
+
+use crate::proto::read_states_client::ReadStatesClient;
+use crate::proto::{GetRoutingTableRequest, GetRoutingTableResponse};
+use crate::ring::{NO_OWNER, Node, Ring};
+
+/// Trailing metadata of a refusal: the epoch of the node's table.
+pub const EPOCH: &str = "x-readstates-epoch";
+/// Trailing metadata of a refusal: the owner, `id@host:port`.
+pub const OWNER: &str = "x-readstates-owner";
+/// Set by a node on a request it forwards, so it is never forwarded again.
+pub const FORWARDED: &str = "x-readstates-forwarded";
+
+#[derive(Clone, Debug)]
+pub struct FleetClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The node first connected to: asked for the table, and sent requests
+    /// when the table names no owner (a standalone node).
+    entry: Channel,
+    ring: RwLock<Arc<Ring>>,
+    /// By address.
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl FleetClient {
+    /// Connects to `entry` (`host:port` of any node) and reads the table.
+    pub async fn connect(entry: &str) -> Result<FleetClient, Status> {
+        let entry = endpoint(entry)?
+            .connect()
+            .await
+            .map_err(|e| Status::unavailable(format!("connect to {entry}: {e}")))?;
+        let client = FleetClient {
+            inner: Arc::new(Inner {
+                entry,
+                ring: RwLock::new(Arc::new(Ring::empty())),
+                channels: Mutex::default(),
+            }),
+        };
+        client.refresh().await?;
+        Ok(client)
+    }
+
+    /// Reads the table again (from the entry node); returns its epoch.
+    pub async fn refresh(&self) -> Result<u64, Status> {
+        let table = ReadStatesClient::new(self.inner.entry.clone())
+            .get_routing_table(GetRoutingTableRequest {})
+            .await?
+            .into_inner();
+        let ring = Arc::new(to_ring(table)?);
+        let epoch = ring.epoch();
+        let mut current = self.inner.ring.write().unwrap_or_else(|e| e.into_inner());
+        if epoch >= current.epoch() {
+            *current = ring;
+        }
+        Ok(epoch)
+    }
+
+    /// The table as last read.
+    pub fn ring(&self) -> Arc<Ring> {
+        self.inner
+            .ring
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// A client of `user_id`'s owner (the entry node if nobody owns it).
+    pub fn for_user(&self, user_id: u64) -> ReadStatesClient<Channel> {
+        let owner = self.ring().owner_of(user_id).cloned();
+        ReadStatesClient::new(match owner {
+            Some(node) => self.channel(&node),
+            None => self.inner.entry.clone(),
+        })
+    }
+
+    /// Runs `call` at `user_id`'s owner; after a refusal naming a newer
+    /// epoch, reads the table and runs it once more.
+    pub async fn call<R, F, Fut>(&self, user_id: u64, call: F) -> Result<R, Status>
+    where
+        F: Fn(ReadStatesClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        match call(self.for_user(user_id)).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) if self.is_newer(&status) => {
+                self.refresh().await?;
+                call(self.for_user(user_id)).await.map(Response::into_inner)
+            }
+            Err(status) => Err(status),
+        }
+    }
+
+    /// A refusal from a node whose table is newer than ours.
+    fn is_newer(&self, status: &Status) -> bool {
+        status.code() == Code::Unavailable
+            && status
+                .metadata()
+                .get(EPOCH)
+                .and_then(|e| e.to_str().ok()?.parse::<u64>().ok())
+                .is_some_and(|epoch| epoch > self.ring().epoch())
+    }
+
+    fn channel(&self, node: &Node) -> Channel {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(&node.address) {
+            return channel.clone();
+        }
+        let channel = match endpoint(&node.address) {
+            Ok(endpoint) => endpoint.connect_lazy(),
+            // A table naming a bad address: the entry node forwards.
+            Err(_) => self.inner.entry.clone(),
+        };
+        channels.insert(node.address.clone(), channel.clone());
+        channel
+    }
+}
+
+fn endpoint(address: &str) -> Result<Endpoint, Status> {
+    Endpoint::from_shared(format!("http://{address}"))
+        .map(|e| e.tcp_nodelay(true))
+        .map_err(|e| Status::invalid_argument(format!("address {address}: {e}")))
+}
+
+/// The table as a [`Ring`] (owners past the node list: nobody).
+fn to_ring(table: GetRoutingTableResponse) -> Result<Ring, Status> {
+    if table.epoch == 0 {
+        return Ok(Ring::empty());
+    }
+    let nodes: Vec<Node> = table
+        .nodes
+        .into_iter()
+        .map(|n| Node {
+            id: n.id,
+            address: n.address,
+            weight: n.weight,
+        })
+        .collect();
+    let owners = table
+        .slot_owners
+        .iter()
+        .map(|&o| {
+            u16::try_from(o)
+                .ok()
+                .filter(|&o| usize::from(o) < nodes.len())
+                .unwrap_or(NO_OWNER)
+        })
+        .collect();
+    Ring::from_parts(table.epoch, nodes, owners)
+        .map_err(|e| Status::internal(format!("routing table: {e}")))
+}
