@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+use readstates::cluster::ring_store::cassandra::CassandraRingStore;
 use readstates::metrics::scrape;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
@@ -58,6 +59,24 @@ pub async fn store_at(nodes: &str) -> CassandraStore {
     CassandraStore::connect(&config).await.expect("connect")
 }
 
+/// A keyspace of the test's own (the ring is one row per keyspace), with
+/// the schema applied, and a ring store on it.
+pub async fn fresh_keyspace(name: &str) -> (String, CassandraRingStore) {
+    let keyspace = format!("readstates_{name}_{}", readstates::clock::now_micros());
+    let mut config = config(&nodes());
+    config.keyspace = keyspace.clone();
+    let session = cassandra::connect(&config)
+        .await
+        .unwrap_or_else(|e| panic!("no Cassandra at {}: {e}", nodes()));
+    cassandra::schema::migrate(&session, &keyspace, &config.replication)
+        .await
+        .expect("migrate");
+    let store = CassandraRingStore::with_session(session, &keyspace)
+        .await
+        .expect("ring statements prepare");
+    (keyspace, store)
+}
+
 /// User ids no other test, and no earlier run, has used.
 pub fn fresh_users(count: u64) -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -77,19 +96,24 @@ pub struct Server {
 impl Server {
     /// Starts `readstates serve --store cassandra` with `args` on top.
     pub fn start(nodes: &str, args: &[&str]) -> Server {
+        Server::start_in(KEYSPACE, "127.0.0.1:0", nodes, args)
+    }
+
+    /// [`Server::start`] in `keyspace`, listening on `listen`.
+    pub fn start_in(keyspace: &str, listen: &str, nodes: &str, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_readstates"))
             .args([
                 "serve",
                 "--store",
                 "cassandra",
                 "--keyspace",
-                KEYSPACE,
+                keyspace,
                 "--cassandra-nodes",
                 nodes,
             ])
             .args([
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--metrics-listen",
                 "127.0.0.1:0",
                 "--log-format",

@@ -10,6 +10,7 @@
 mod coalescing;
 mod durability;
 mod eviction;
+mod fleet;
 mod helpers;
 mod outage;
 mod restart;

@@ -5,29 +5,9 @@ use std::process::Command;
 
 use readstates::cluster::ring_store::RingRecord;
 use readstates::cluster::ring_store::RingStore;
-use readstates::cluster::ring_store::cassandra::CassandraRingStore;
-use readstates::store::cassandra;
 use readstates_routing::Node;
 
-use crate::helpers::{config, nodes};
-
-/// A keyspace of the test's own (the ring is one row per keyspace), with
-/// the schema applied, and a ring store on it.
-async fn fresh_keyspace(name: &str) -> (String, CassandraRingStore) {
-    let keyspace = format!("readstates_ring_{name}_{}", readstates::clock::now_micros());
-    let mut config = config(&nodes());
-    config.keyspace = keyspace.clone();
-    let session = cassandra::connect(&config)
-        .await
-        .unwrap_or_else(|e| panic!("no Cassandra at {}: {e}", nodes()));
-    cassandra::schema::migrate(&session, &keyspace, &config.replication)
-        .await
-        .expect("migrate");
-    let store = CassandraRingStore::with_session(session, &keyspace)
-        .await
-        .expect("ring statements prepare");
-    (keyspace, store)
-}
+use crate::helpers::{fresh_keyspace, nodes};
 
 /// Runs `readstates ring ARGS` on `keyspace`: (success, stdout, stderr).
 fn ring(keyspace: &str, args: &[&str]) -> (bool, String, String) {

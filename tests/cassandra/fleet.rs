@@ -1,0 +1,382 @@
+//! A fleet of three `readstates serve` processes on loopback, sharing the
+//! real Cassandra and a ring in it. Clients send acks and messages, half of
+//! them routed to owners by the routing table, half entering at one node;
+//! meanwhile weights change and a node is stopped (SIGTERM) and started
+//! again. Cassandra then holds every acknowledged change, and no count above
+//! the messages sent. A `kill -9` loses at most what the write delay holds,
+//! on that node only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::ring_store::RingStore;
+use readstates::cluster::ring_store::cassandra::CassandraRingStore;
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::store::Store;
+use readstates::store::cassandra::CassandraStore;
+use readstates::test_support::{ack, message};
+use readstates_routing::Node;
+use readstates_routing::client::FleetClient;
+use tokio::time::Instant;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::helpers::{Server, config, fresh_keyspace, fresh_users, nodes};
+
+const IDS: [&str; 3] = ["n1", "n2", "n3"];
+const CLIENTS: u64 = 8;
+const USERS_PER_CLIENT: u64 = 30;
+const CHANNELS: u64 = 3;
+/// Each client counts messages in a channel of its own, in id order.
+const COUNTED_CHANNELS: u64 = 100;
+const WRITE_DELAY: &str = "1s";
+
+struct Fleet {
+    keyspace: String,
+    ring: Arc<CassandraRingStore>,
+    servers: Vec<Option<Server>>,
+}
+
+impl Fleet {
+    async fn start(name: &str) -> Fleet {
+        let (keyspace, ring) = fresh_keyspace(name).await;
+        let ring = Arc::new(ring);
+        let mut fleet = Fleet {
+            keyspace,
+            ring,
+            servers: Vec::new(),
+        };
+        for id in IDS {
+            let server = fleet.serve(id, "127.0.0.1:0");
+            let node = Node {
+                id: id.to_owned(),
+                address: server.grpc.to_string(),
+                weight: 100,
+            };
+            fleet.servers.push(Some(server));
+            fleet.change(RingChange::Add(node)).await;
+        }
+        fleet
+    }
+
+    fn serve(&self, id: &str, listen: &str) -> Server {
+        let args = [
+            "--node-id",
+            id,
+            "--advertise",
+            listen,
+            "--write-delay",
+            WRITE_DELAY,
+            "--ring-poll",
+            "200ms",
+            "--shutdown-timeout",
+            "60s",
+        ];
+        Server::start_in(&self.keyspace, listen, &nodes(), &args)
+    }
+
+    /// Makes the change and waits until every slot is served; how long.
+    async fn change(&self, change: RingChange) -> Duration {
+        let started = Instant::now();
+        let record = admin::change(&*self.ring, change)
+            .await
+            .expect("ring change");
+        admin::wait_served(&*self.ring, record.ring.epoch(), Duration::from_secs(60))
+            .await
+            .expect("served");
+        started.elapsed()
+    }
+
+    fn server(&self, index: usize) -> &Server {
+        self.servers[index].as_ref().expect("running")
+    }
+
+    /// Half the clients route to owners by the table, half enter at n1.
+    async fn routes(&self) -> [Route; 2] {
+        let entry = self.server(0);
+        let owners = FleetClient::connect(&entry.grpc.to_string())
+            .await
+            .expect("routing table");
+        [Route::Owners(owners), Route::Entry(entry.client().await)]
+    }
+
+    async fn store(&self) -> CassandraStore {
+        let mut config = config(&nodes());
+        config.keyspace = self.keyspace.clone();
+        CassandraStore::connect(&config).await.expect("connect")
+    }
+}
+
+/// What the clients were told.
+#[derive(Default)]
+struct Ledger {
+    /// (user, channel) -> every applied ack: (message id, when it was sent).
+    acks: HashMap<(u64, u64), Vec<(u64, Instant)>>,
+    /// user -> MessageCreated answered OK, and those never answered.
+    counted: BTreeMap<u64, (u32, u32)>,
+    /// Requests that got UNAVAILABLE and were sent again.
+    retried: u64,
+}
+
+/// How a client reaches the fleet.
+#[derive(Clone)]
+enum Route {
+    Owners(FleetClient),
+    Entry(ReadStatesClient<Channel>),
+}
+
+impl Route {
+    fn client(&self, user_id: u64) -> ReadStatesClient<Channel> {
+        match self {
+            Route::Owners(fleet) => fleet.for_user(user_id),
+            Route::Entry(client) => client.clone(),
+        }
+    }
+}
+
+/// Clients that each own their users (so a user's changes have one order)
+/// send acks and messages until `stop`, retrying UNAVAILABLE for up to 10
+/// s (a slot being moved, a node restarting).
+async fn load(routes: [Route; 2], first: u64, stop: Arc<AtomicBool>) -> Ledger {
+    let ledger = Arc::new(Mutex::new(Ledger::default()));
+    let next_id = Arc::new(AtomicU64::new(1_000));
+    let mut tasks = Vec::new();
+    for client in 0..CLIENTS {
+        let route = routes[client as usize % 2].clone();
+        let (ledger, next_id, stop) = (ledger.clone(), next_id.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(client);
+            let user =
+                |rng: &mut fastrand::Rng| first + client + CLIENTS * rng.u64(..USERS_PER_CLIENT);
+            while !stop.load(Ordering::SeqCst) {
+                let message_id = next_id.fetch_add(1, Ordering::SeqCst);
+                let sent = Instant::now();
+                if rng.u32(0..3) > 0 {
+                    let (user_id, channel_id) = (user(&mut rng), rng.u64(1..=CHANNELS));
+                    let answer = retry(&route, user_id, &ledger, |mut c| async move {
+                        c.ack(ack(user_id, channel_id, message_id)).await
+                    })
+                    .await;
+                    if let Ok(response) = answer
+                        && response.applied
+                    {
+                        let mut ledger = ledger.lock().unwrap();
+                        let acks = ledger.acks.entry((user_id, channel_id)).or_default();
+                        acks.push((message_id, sent));
+                    }
+                } else {
+                    let mut users: Vec<u64> = (0..6).map(|_| user(&mut rng)).collect();
+                    users.sort_unstable();
+                    users.dedup();
+                    let channel_id = COUNTED_CHANNELS + client;
+                    let request = message(channel_id, message_id, 0, &[], &users);
+                    let answer = retry(&route, users[0], &ledger, |mut c| {
+                        let request = request.clone();
+                        async move { c.message_created(request).await }
+                    })
+                    .await;
+                    let mut ledger = ledger.lock().unwrap();
+                    for user in users {
+                        let counted = ledger.counted.entry(user).or_default();
+                        match &answer {
+                            Ok(_) => counted.0 += 1,
+                            Err(_) => counted.1 += 1,
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    Arc::try_unwrap(ledger)
+        .ok()
+        .expect("clients done")
+        .into_inner()
+        .unwrap()
+}
+
+/// Sends a request until it is answered with anything but UNAVAILABLE, or
+/// for 10 s; every change RPC is idempotent or all-or-nothing, so sending
+/// again after UNAVAILABLE ("not applied") is safe.
+async fn retry<R, F, Fut>(
+    route: &Route,
+    user_id: u64,
+    ledger: &Mutex<Ledger>,
+    call: F,
+) -> Result<R, tonic::Status>
+where
+    F: Fn(ReadStatesClient<Channel>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call(route.client(user_id)).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
+                ledger.lock().unwrap().retried += 1;
+                if let Route::Owners(fleet) = route {
+                    let _ = fleet.refresh().await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
+/// Acks acknowledged and missing from Cassandra: (acknowledged, missing,
+/// users with a missing ack).
+async fn missing_acks(store: &CassandraStore, ledger: &Ledger) -> (usize, Vec<(u64, Instant)>) {
+    let mut stored: HashMap<(u64, u64), u64> = HashMap::new();
+    let users: std::collections::BTreeSet<u64> = ledger.acks.keys().map(|&(u, _)| u).collect();
+    for user_id in users {
+        for state in store.load(user_id).await.unwrap().read_states {
+            stored.insert((user_id, state.channel_id), state.last_acked_id);
+        }
+    }
+    let acknowledged = ledger.acks.values().map(Vec::len).sum();
+    let mut missing = Vec::new();
+    for (&(user_id, channel), acks) in &ledger.acks {
+        let last = stored.get(&(user_id, channel)).copied().unwrap_or(0);
+        missing.extend(
+            acks.iter()
+                .filter(|(id, _)| *id > last)
+                .map(|&(_, sent)| (user_id, sent)),
+        );
+    }
+    (acknowledged, missing)
+}
+
+/// Every user's unread count in its counted channel is within what the
+/// clients were told: at least the acknowledged messages, at most those
+/// plus the unanswered ones (never a message counted twice).
+async fn check_counts(store: &CassandraStore, ledger: &Ledger) -> u32 {
+    let mut unanswered = 0;
+    for (&user_id, &(ok, unknown)) in &ledger.counted {
+        let unread: u32 = store
+            .load(user_id)
+            .await
+            .unwrap()
+            .read_states
+            .iter()
+            .filter(|s| s.channel_id >= COUNTED_CHANNELS)
+            .map(|s| u32::from(s.unread_count))
+            .sum();
+        assert!(
+            (ok..=ok + unknown).contains(&unread),
+            "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"
+        );
+        unanswered += unknown;
+    }
+    unanswered
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weight_changes_and_a_restart_under_load_lose_nothing() {
+    let mut fleet = Fleet::start("fleet_moves").await;
+    let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let routes = fleet.routes().await;
+    let operator = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut took = vec![
+            fleet
+                .change(RingChange::SetWeight {
+                    node: "n3".into(),
+                    weight: 300,
+                })
+                .await,
+        ];
+        // n2 stops (SIGTERM: it writes everything) and starts again on its
+        // address, as a rolling restart does.
+        let listen = fleet.server(1).grpc.to_string();
+        let mut stopped = fleet.servers[1].take().unwrap();
+        stopped.signal_terminate();
+        let exit = tokio::task::block_in_place(|| stopped.wait_for_exit());
+        assert!(exit.success(), "n2 wrote everything");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        fleet.servers[1] = Some(fleet.serve("n2", &listen));
+        took.push(
+            fleet
+                .change(RingChange::SetWeight {
+                    node: "n3".into(),
+                    weight: 100,
+                })
+                .await,
+        );
+        took.push(
+            fleet
+                .change(RingChange::SetWeight {
+                    node: "n1".into(),
+                    weight: 30,
+                })
+                .await,
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        took
+    };
+    let (ledger, took) = tokio::join!(load(routes, first, stop.clone()), operator);
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        assert!(tokio::task::block_in_place(|| server.terminate()).success());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    let unanswered = check_counts(&store, &ledger).await;
+    println!(
+        "fleet under load: {acknowledged} acks acknowledged, {} missing; {} users counted, \
+         {unanswered} unanswered counts; {} requests retried after UNAVAILABLE; ring changes \
+         served after {took:?}",
+        missing.len(),
+        ledger.counted.len(),
+        ledger.retried,
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_loses_at_most_the_write_delay_on_that_node_only() {
+    let mut fleet = Fleet::start("fleet_crash").await;
+    let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
+    let record = fleet.ring.load().await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let crash = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let at = Instant::now();
+        fleet.server(1).crash();
+        // Clients give up on n2's users after their 10 s of retries.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        at
+    };
+    let routes = fleet.routes().await;
+    let (ledger, crashed_at) = tokio::join!(load(routes, first, stop.clone()), crash);
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    let mut oldest = Duration::ZERO;
+    for &(user_id, sent) in &missing {
+        let owner = &record.ring.owner_of(user_id).unwrap().id;
+        assert_eq!(owner, "n2", "user {user_id} of {owner} lost an ack");
+        oldest = oldest.max(crashed_at.saturating_duration_since(sent));
+    }
+    println!(
+        "kill -9 of one of three nodes: {acknowledged} acks acknowledged, {} missing, all of \
+         the crashed node's users, the oldest sent {oldest:?} before the kill",
+        missing.len()
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    // The write delay (1 s) plus one write, with room for this shared machine.
+    assert!(
+        oldest <= Duration::from_secs(3),
+        "lost an ack sent {oldest:?} before the kill"
+    );
+}
