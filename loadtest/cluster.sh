@@ -80,7 +80,7 @@ for pair in $(seq 1 "$PAIRS"); do
 done
 
 # Slots moving under open-loop load at half the routed rate.
-rate=$(python3 -c "import statistics; print(int(statistics.median([${rates[*]// /,}]) / 2))")
+rate=$(IFS=,; python3 -c "import statistics; print(int(statistics.median([${rates[*]}]) / 2))")
 (
     sleep 4
     "$RS" ring "${common[@]}" set-weight n3 300 --wait 60s

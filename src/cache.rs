@@ -33,6 +33,12 @@ pub(crate) use shard::{Due, LoadFailure, Loading, Shard, ShardGauges, ShardStats
 
 /// How often a release looks whether its users are all written.
 const RELEASE_POLL: Duration = Duration::from_millis(5);
+/// A pre-write is done when at most this many users are left unwritten...
+const PREWRITE_LEFT: usize = 64;
+/// ...or after this many rounds, a round ending when it has made no
+/// progress for `PREWRITE_STALL`.
+const PREWRITE_ROUNDS: usize = 3;
+const PREWRITE_STALL: Duration = Duration::from_millis(500);
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -539,6 +545,55 @@ impl Cache {
         &self.ownership
     }
 
+    /// Writes the unwritten changes of the users of slots about to be
+    /// released while they are still served, so that the release itself
+    /// (during which the slots are served nowhere) has little left to write:
+    /// a few rounds, each writing what is unwritten, until at most
+    /// [`PREWRITE_LEFT`] users are, or a round stops making progress (their
+    /// users change as fast as they are written).
+    pub async fn prewrite(&self, leaving: impl Fn(u64) -> bool) {
+        for _ in 0..PREWRITE_ROUNDS {
+            let users = self.users_leaving(&leaving);
+            self.expedite(&users);
+            let (mut best, mut since) = (usize::MAX, Instant::now());
+            loop {
+                let unsettled = self.unsettled(&users);
+                if unsettled <= PREWRITE_LEFT {
+                    return;
+                }
+                if unsettled < best {
+                    (best, since) = (unsettled, Instant::now());
+                } else if since.elapsed() >= PREWRITE_STALL {
+                    break;
+                }
+                tokio::time::sleep(RELEASE_POLL).await;
+            }
+        }
+    }
+
+    /// Per shard, its users (cached, evicted, watched) that `leaving` names.
+    fn users_leaving(&self, leaving: &impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
+        (0..self.shards.len())
+            .map(|index| self.with_shard(index, |shard| shard.users_leaving(leaving)))
+            .collect()
+    }
+
+    /// Queues each shard's `users` with unwritten changes for a write now.
+    fn expedite(&self, users: &[Vec<u64>]) {
+        for (index, ids) in users.iter().enumerate() {
+            self.with_shard(index, |shard| shard.expedite(ids));
+        }
+    }
+
+    /// How many of `users` are not written yet.
+    fn unsettled(&self, users: &[Vec<u64>]) -> usize {
+        users
+            .iter()
+            .enumerate()
+            .map(|(index, ids)| self.with_shard(index, |shard| shard.unsettled(ids)))
+            .sum()
+    }
+
     /// Lets go of the users of slots no longer served (the caller moved
     /// them out of `Serving` already): waits for every change that may have
     /// seen them served, writes all their unwritten changes (retrying until
@@ -546,22 +601,10 @@ impl Cache {
     /// and tells their Watch streams they moved. Returns the users let go.
     pub async fn release(&self, leaving: impl Fn(u64) -> bool) -> usize {
         self.gate.barrier().await;
-        let users: Vec<Vec<u64>> = (0..self.shards.len())
-            .map(|index| self.with_shard(index, |shard| shard.users_leaving(&leaving)))
-            .collect();
+        let users = self.users_leaving(&leaving);
         // Queued for a write once: write-behind retries a failed write itself.
-        for (index, ids) in users.iter().enumerate() {
-            self.with_shard(index, |shard| shard.expedite(ids));
-        }
-        loop {
-            let unsettled: usize = users
-                .iter()
-                .enumerate()
-                .map(|(index, ids)| self.with_shard(index, |shard| shard.unsettled(ids)))
-                .sum();
-            if unsettled == 0 {
-                break;
-            }
+        self.expedite(&users);
+        while self.unsettled(&users) > 0 {
             tokio::time::sleep(RELEASE_POLL).await;
         }
         for (index, ids) in users.iter().enumerate() {

@@ -193,18 +193,30 @@ impl ReadStatesService {
             (Some(_), false) => Some(request.clone()),
             _ => None,
         };
-        let result = self.run_held(request, until, &handler).await;
-        if let (Some(router), Some(request), false, Some(forward)) =
-            (&self.router, again, forwarded, forward)
-            && let Err(Error::NotServed { user_id, .. }) = result
+        let left = || until.map(|until| until.saturating_duration_since(Instant::now()));
+        let mut result = match &again {
+            // A request that may be sent on is not held here: where its
+            // user is served (the previous owner, while this node acquires
+            // the slot) is asked first.
+            Some(_) => self.run(request, left(), &handler).await,
+            None => self.run_held(request, until, &handler).await,
+        };
+        if let (Some(router), Some(request)) = (&self.router, again)
+            && let Err(Error::NotServed { user_id, state }) = result
         {
-            let left = until.map(|until| until.saturating_duration_since(Instant::now()));
-            if let Some(answer) = router.forward(user_id, request, left, forward).await {
+            if let Some(forward) = forward
+                && let Some(answer) = router
+                    .forward(user_id, request.clone(), left(), forward)
+                    .await
+            {
                 let code = answer
                     .as_ref()
                     .map_or_else(Status::code, |_| tonic::Code::Ok);
                 metrics.record(code, started.elapsed());
                 return answer;
+            }
+            if state == SlotState::Acquiring && router.hold(user_id, until).await {
+                result = self.run(request, left(), &handler).await;
             }
         }
         let code = result

@@ -1,11 +1,14 @@
 //! This node as a member of the fleet: follows the ring and moves its slots
 //! through their states, release before acquire.
 //!
-//! On a new epoch the node first stops serving the slots it lost (they go
-//! `Releasing`: new requests are forwarded), lets the changes already
-//! applied finish, writes every unwritten change of their users and drops
-//! them (see `Cache::release`); only then does it answer the new owners'
-//! `ReleaseSlots`. The slots it gained go `Acquiring`: it asks each previous
+//! On a new epoch the node first writes what is unwritten of the users of
+//! the slots it lost while still serving them (the new owners forward their
+//! requests here meanwhile; `Cache::prewrite`), then stops serving them
+//! (they go `Releasing`: new requests are forwarded to the new owners, which
+//! hold them), lets the changes already applied finish, writes what changed
+//! since and drops the users (`Cache::release`); only then does it answer
+//! the new owners' `ReleaseSlots`. A slot is served nowhere only during that
+//! last, short part. The slots it gained go `Acquiring`: it asks each previous
 //! owner to release them and serves them (from the store) once it has, or
 //! once an operator forced the release of a dead owner. No timeout lets it
 //! start early. When it serves every slot it owns, it reports the epoch, and
@@ -164,12 +167,23 @@ impl Member {
             .map(|slot| !owned(slot) && ownership.state(slot) != SlotState::NotOwner)
             .collect();
         let left = leaving.iter().filter(|&&l| l).count();
+        // The new owners forward what they get for these slots here until
+        // released (see `grpc::route`): meanwhile most of their unwritten
+        // changes are written, so the release, when the slots are served
+        // nowhere, is short.
+        self.inner.ring.send_replace(record.clone());
+        tracing::info!(epoch, releasing = left, "new epoch");
+        let started = tokio::time::Instant::now();
+        if left > 0 {
+            self.inner
+                .cache
+                .prewrite(|user_id| leaving[usize::from(slot_of(user_id))])
+                .await;
+        }
+        let paused = tokio::time::Instant::now();
         for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
             ownership.set(slot, SlotState::Releasing);
         }
-        // Requests for the slots being left go to their new owners now.
-        self.inner.ring.send_replace(record.clone());
-        tracing::info!(epoch, releasing = left, "new epoch");
         let users = self
             .inner
             .cache
@@ -180,7 +194,14 @@ impl Member {
         }
         self.inner.released.send_replace(epoch);
         if left > 0 {
-            tracing::info!(epoch, slots = left, users, "released");
+            tracing::info!(
+                epoch,
+                slots = left,
+                users,
+                prewrite_ms = (paused - started).as_millis() as u64,
+                paused_ms = paused.elapsed().as_millis() as u64,
+                "released"
+            );
         }
 
         // Gained slots, by whom they come from.

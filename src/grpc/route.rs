@@ -70,9 +70,26 @@ impl Router {
         Status::with_metadata(error.code(), error.to_string(), metadata)
     }
 
-    /// Sends `request` to `user_id`'s owner with `call`, marked forwarded,
-    /// within what is left of the caller's deadline; `None` if the owner is
-    /// this node or nobody.
+    /// Where a request for `user_id` that this node does not serve goes:
+    /// its owner; or, while this node is acquiring its slot, the previous
+    /// owner, which serves it until it starts releasing it. `None`: this
+    /// node or nobody.
+    pub fn destination(&self, user_id: u64) -> Option<String> {
+        let record = self.member.ring();
+        let slot = slot_of(user_id);
+        let mut owner = record.ring.owner(slot)?;
+        if owner.id == self.member.id()
+            && self.member.ownership().state(slot) == SlotState::Acquiring
+        {
+            owner = record.previous.owner(slot)?;
+        }
+        (owner.id != self.member.id()).then(|| owner.id.clone())
+    }
+
+    /// Sends `request` to where `user_id` is served (see
+    /// [`Router::destination`]) with `call`, marked forwarded, within what
+    /// is left of the caller's deadline; `None` if that is this node or
+    /// nobody.
     pub async fn forward<Req, Resp, Fut>(
         &self,
         user_id: u64,
@@ -83,12 +100,8 @@ impl Router {
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let record = self.member.ring();
-        let owner = record.ring.owner(slot_of(user_id))?;
-        if owner.id == self.member.id() {
-            return None;
-        }
-        Some(self.send(&owner.id, request, budget, &call).await)
+        let destination = self.destination(user_id)?;
+        Some(self.send(&destination, request, budget, &call).await)
     }
 
     /// Sends a request to `owner`, marked forwarded, within `budget`.
@@ -103,7 +116,11 @@ impl Router {
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
         let record = self.member.ring();
-        let Some(node) = record.ring.node(owner) else {
+        let node = record
+            .ring
+            .node(owner)
+            .or_else(|| record.previous.node(owner));
+        let Some(node) = node else {
             return Err(Status::unavailable(format!("{owner} left the ring")));
         };
         let channel = self

@@ -116,14 +116,19 @@ impl Router {
         unreachable!("the second round returns")
     }
 
-    /// `users` by owner (`None`: no node owns their slot), in the ring as
-    /// this node has it.
+    /// `users` by the node that serves them (this node, or its
+    /// [`Router::destination`]; `None`: nobody owns their slot).
     fn split(&self, users: &[u64]) -> BTreeMap<Option<String>, Vec<u64>> {
         let record = self.member.ring();
+        let me = self.member.id();
         let mut parts: BTreeMap<Option<String>, Vec<u64>> = BTreeMap::new();
         for &user in users {
-            let owner = record.ring.owner(slot_of(user)).map(|n| n.id.clone());
-            parts.entry(owner).or_default().push(user);
+            let node = match record.ring.owner(slot_of(user)) {
+                None => None,
+                Some(owner) if owner.id != me => Some(owner.id.clone()),
+                Some(_) => Some(self.destination(user).unwrap_or_else(|| me.to_owned())),
+            };
+            parts.entry(node).or_default().push(user);
         }
         parts
     }

@@ -187,23 +187,16 @@ async fn subscribe_user(
     // Subscribing again starts over, wherever the user is now.
     relays.unsubscribe(user_id).await;
     let router = relays.router().clone();
-    let result = match cache.subscribe(user_id, feed, since).await {
-        Err(Error::NotServed {
-            state: SlotState::Acquiring,
-            ..
-        }) if router.hold(user_id, None).await => cache.subscribe(user_id, feed, since).await,
-        result => result,
-    };
-    match result {
-        Err(Error::NotServed { user_id, state }) => {
-            let record = router.member.ring();
-            match record.ring.owner_of(user_id) {
-                Some(owner) if owner.id != router.member.id() => {
-                    relays.subscribe(user_id, &owner.id, since).await
-                }
-                _ => Err(Error::NotServed { user_id, state }),
+    match cache.subscribe(user_id, feed, since).await {
+        // Served elsewhere (by the previous owner, while this node acquires
+        // the slot): relayed from there.
+        Err(Error::NotServed { user_id, state }) => match router.destination(user_id) {
+            Some(node) => relays.subscribe(user_id, &node, since).await,
+            None if state == SlotState::Acquiring && router.hold(user_id, None).await => {
+                cache.subscribe(user_id, feed, since).await
             }
-        }
+            None => Err(Error::NotServed { user_id, state }),
+        },
         result => result,
     }
 }

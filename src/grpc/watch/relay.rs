@@ -124,7 +124,11 @@ impl Relays {
             owner: owner.to_owned(),
         };
         let record = self.router.member.ring();
-        let node = record.ring.node(owner).ok_or_else(unrelayed)?;
+        let node = record
+            .ring
+            .node(owner)
+            .or_else(|| record.previous.node(owner));
+        let node = node.ok_or_else(unrelayed)?;
         let channel = self
             .router
             .peers
