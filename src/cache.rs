@@ -33,12 +33,12 @@ pub(crate) use shard::{Due, LoadFailure, Loading, Shard, ShardGauges, ShardStats
 
 /// How often a release looks whether its users are all written.
 const RELEASE_POLL: Duration = Duration::from_millis(5);
-/// A pre-write is done when at most this many users are left unwritten...
+/// A pre-write is done when at most this many users are left unwritten.
 const PREWRITE_LEFT: usize = 64;
-/// ...or after this many rounds, a round ending when it has made no
-/// progress for `PREWRITE_STALL`.
-const PREWRITE_ROUNDS: usize = 3;
-const PREWRITE_STALL: Duration = Duration::from_millis(500);
+/// A pre-write round ends when its writes made no progress this long
+/// (the users are still served meanwhile: patience costs only a longer
+/// ring change).
+const PREWRITE_STALL: Duration = Duration::from_secs(10);
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -547,26 +547,32 @@ impl Cache {
 
     /// Writes the unwritten changes of the users of slots about to be
     /// released while they are still served, so that the release itself
-    /// (during which the slots are served nowhere) has little left to write:
-    /// a few rounds, each writing what is unwritten, until at most
-    /// [`PREWRITE_LEFT`] users are, or a round stops making progress (their
-    /// users change as fast as they are written).
+    /// (during which the slots are served nowhere) has little left to write.
+    /// Rounds, each writing what is unwritten, until at most
+    /// [`PREWRITE_LEFT`] users are, or a round starts with no fewer than the
+    /// one before (their users change as fast as they are written). A round
+    /// waits while the writes make progress (a store that stalls for
+    /// [`PREWRITE_STALL`] ends it).
     pub async fn prewrite(&self, leaving: impl Fn(u64) -> bool) {
-        for _ in 0..PREWRITE_ROUNDS {
+        let mut before = usize::MAX;
+        loop {
             let users = self.users_leaving(&leaving);
             self.expedite(&users);
-            let (mut best, mut since) = (usize::MAX, Instant::now());
-            loop {
+            let unsettled = self.unsettled(&users);
+            if unsettled <= PREWRITE_LEFT || unsettled >= before {
+                return;
+            }
+            before = unsettled;
+            let (mut best, mut since) = (unsettled, Instant::now());
+            while since.elapsed() < PREWRITE_STALL {
+                tokio::time::sleep(RELEASE_POLL).await;
                 let unsettled = self.unsettled(&users);
                 if unsettled <= PREWRITE_LEFT {
-                    return;
+                    break;
                 }
                 if unsettled < best {
                     (best, since) = (unsettled, Instant::now());
-                } else if since.elapsed() >= PREWRITE_STALL {
-                    break;
                 }
-                tokio::time::sleep(RELEASE_POLL).await;
             }
         }
     }

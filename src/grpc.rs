@@ -208,6 +208,10 @@ impl ReadStatesService {
                 && let Some(answer) = router
                     .forward(user_id, request.clone(), left(), forward)
                     .await
+                // The previous owner of a slot being acquired here refuses
+                // once it is releasing it: then wait for it here instead.
+                && !(state == SlotState::Acquiring
+                    && matches!(&answer, Err(s) if s.code() == tonic::Code::Unavailable))
             {
                 let code = answer
                     .as_ref()

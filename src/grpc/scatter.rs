@@ -110,7 +110,15 @@ impl Router {
             match refusal {
                 None => return Ok(request.merge(answers)),
                 Some(status) if round == 1 => return Err(status),
-                Some(_) => self.member.catch_up(newer, HOLD).await,
+                Some(_) => {
+                    self.member.catch_up(newer, HOLD).await;
+                    // Users whose slot this node is acquiring are not sent
+                    // to the previous owner again (it refused: it is
+                    // releasing them); they wait to be served here.
+                    for &user in &pending {
+                        self.hold(user, until).await;
+                    }
+                }
             }
         }
         unreachable!("the second round returns")
