@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::route::{EPOCH, HOLD, Router};
+use crate::cluster::ownership::SlotState;
 use crate::error::Error;
 use crate::proto::read_states_client::ReadStatesClient;
 
@@ -124,17 +125,21 @@ impl Router {
         unreachable!("the second round returns")
     }
 
-    /// `users` by the node that serves them (this node, or its
-    /// [`Router::destination`]; `None`: nobody owns their slot).
+    /// `users` by the node that serves them: this node if it does (also a
+    /// slot it is about to release, until it starts releasing it), else
+    /// [`Router::destination`] (`None`: nobody owns their slot).
     fn split(&self, users: &[u64]) -> BTreeMap<Option<String>, Vec<u64>> {
-        let record = self.member.ring();
         let me = self.member.id();
+        let ownership = self.member.ownership();
         let mut parts: BTreeMap<Option<String>, Vec<u64>> = BTreeMap::new();
         for &user in users {
-            let node = match record.ring.owner(slot_of(user)) {
-                None => None,
-                Some(owner) if owner.id != me => Some(owner.id.clone()),
-                Some(_) => Some(self.destination(user).unwrap_or_else(|| me.to_owned())),
+            let node = match ownership.state(slot_of(user)) {
+                SlotState::Serving => Some(me.to_owned()),
+                // Held here if it is still being acquired after the refusal.
+                SlotState::Acquiring => {
+                    Some(self.destination(user).unwrap_or_else(|| me.to_owned()))
+                }
+                _ => self.destination(user),
             };
             parts.entry(node).or_default().push(user);
         }
