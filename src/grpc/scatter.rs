@@ -62,7 +62,7 @@ impl Router {
         let mut pending = request.users().map_err(Status::from)?;
         let mut answers = Vec::new();
         for round in 0..2 {
-            let parts = self.split(&pending);
+            let parts = self.split(&pending, round == 1);
             let outcomes = join_all(parts.into_iter().map(|(owner, users)| {
                 let part = request.part(&users.iter().copied().collect());
                 let (local, remote) = (&local, &remote);
@@ -128,16 +128,26 @@ impl Router {
     /// `users` by the node that serves them: this node if it does (also a
     /// slot it is about to release, until it starts releasing it), else
     /// [`Router::destination`] (`None`: nobody owns their slot).
-    fn split(&self, users: &[u64]) -> BTreeMap<Option<String>, Vec<u64>> {
+    /// `again`: after a refusal, a slot moving in this epoch goes to its
+    /// previous owner, which serves it until it starts releasing it (its
+    /// new owner, acquiring it, could only hold the part).
+    fn split(&self, users: &[u64], again: bool) -> BTreeMap<Option<String>, Vec<u64>> {
         let me = self.member.id();
         let ownership = self.member.ownership();
+        let record = self.member.ring();
         let mut parts: BTreeMap<Option<String>, Vec<u64>> = BTreeMap::new();
         for &user in users {
-            let node = match ownership.state(slot_of(user)) {
+            let slot = slot_of(user);
+            let previous = record.previous.owner(slot).map(|n| n.id.as_str());
+            let moving = previous != record.ring.owner(slot).map(|n| n.id.as_str());
+            let node = match ownership.state(slot) {
                 SlotState::Serving => Some(me.to_owned()),
                 // Held here if it is still being acquired after the refusal.
                 SlotState::Acquiring => {
                     Some(self.destination(user).unwrap_or_else(|| me.to_owned()))
+                }
+                _ if again && moving && previous.is_some_and(|p| p != me) => {
+                    previous.map(str::to_owned)
                 }
                 _ => self.destination(user),
             };
