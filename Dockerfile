@@ -5,20 +5,27 @@
 FROM rust:1.90-bookworm AS build
 WORKDIR /src
 # Dependencies first: this layer is rebuilt only when the manifests change.
+# Every workspace member's manifest comes with stub sources (and the routing
+# crate with a stub build script), so that cargo can read the workspace.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches examples \
+COPY routing/Cargo.toml routing/
+COPY loadtest/Cargo.toml loadtest/
+RUN mkdir -p src benches routing/src loadtest/src \
     && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
-    && echo 'fn main() {}' > benches/cache.rs && echo 'fn main() {}' > build.rs \
-    && cargo build --release --locked \
-    && rm -rf src benches examples build.rs
-COPY build.rs ./
+    && echo 'fn main() {}' > benches/cache.rs \
+    && echo 'fn main() {}' > routing/build.rs && touch routing/src/lib.rs \
+    && echo 'fn main() {}' > loadtest/src/main.rs && touch loadtest/src/lib.rs \
+    && cargo build --release --locked -p readstates \
+    && rm -rf src benches routing/src routing/build.rs
 COPY proto proto
+COPY routing routing
 COPY schema schema
 COPY src src
 COPY benches benches
 COPY examples examples
 # Make cargo see the real sources as newer than the placeholder build.
-RUN touch src/main.rs src/lib.rs build.rs && cargo build --release --locked --bin readstates
+RUN touch src/main.rs src/lib.rs routing/build.rs routing/src/lib.rs \
+    && cargo build --release --locked --bin readstates
 
 # grpc_health_probe: the health check speaks grpc.health.v1.
 FROM golang:1.23-bookworm AS probe
