@@ -23,6 +23,14 @@ use crate::watch::Watcher;
 
 const SERVED_WITHIN: Duration = Duration::from_secs(20);
 
+/// The store and the ring a test's nodes share.
+fn shared() -> (Arc<MemoryStore>, Arc<MemoryRingStore>) {
+    (
+        Arc::new(MemoryStore::new()),
+        Arc::new(MemoryRingStore::default()),
+    )
+}
+
 /// A node `id` of the fleet whose ring is `ring`, on `store`.
 async fn member(id: &str, store: &Arc<MemoryStore>, ring: &Arc<MemoryRingStore>) -> TestApp {
     let mut config = test_config();
@@ -81,10 +89,7 @@ async fn last_acked(app: &mut TestApp, user_id: u64) -> u64 {
 
 #[tokio::test]
 async fn slots_move_both_ways_with_every_change_kept() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     let mut a = member("a", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "a", &a, 100).await;
@@ -124,10 +129,7 @@ async fn slots_move_both_ways_with_every_change_kept() {
 
 #[tokio::test]
 async fn a_forwarded_request_is_not_forwarded_again() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     let a = member("a", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "a", &a, 100).await;
@@ -166,10 +168,7 @@ async fn a_forwarded_request_is_not_forwarded_again() {
 /// simulation's and `cache::tests::release`'s.)
 #[tokio::test]
 async fn a_dead_owner_holds_its_slots_until_released_by_force() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     let a = member("a", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "a", &a, 100).await;
@@ -238,10 +237,7 @@ async fn epoch_of(app: &mut TestApp) -> u64 {
 /// node from any node, once each, answers merged in request order.
 #[tokio::test]
 async fn messages_reach_users_on_every_node() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     let mut a = member("a", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "a", &a, 100).await;
@@ -321,10 +317,7 @@ async fn messages_reach_users_on_every_node() {
 /// their owner, and told when a user moves, to subscribe again.
 #[tokio::test]
 async fn a_watch_stream_follows_users_on_every_node() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     let mut a = member("a", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "a", &a, 100).await;
@@ -381,10 +374,7 @@ async fn a_watch_stream_follows_users_on_every_node() {
 /// to its owner: after a move it reads the new table and goes on.
 #[tokio::test]
 async fn the_routing_client_sends_each_request_to_its_owner() {
-    let (store, ring) = (
-        Arc::new(MemoryStore::new()),
-        Arc::new(MemoryRingStore::default()),
-    );
+    let (store, ring) = shared();
     // Node ids of its own: the metrics below are per node id, and other
     // tests run nodes in this process too.
     let a = member("route-a", &store, &ring).await;
