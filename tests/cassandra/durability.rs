@@ -15,7 +15,7 @@ use readstates::test_support::{ack, message};
 use tokio::time::Instant;
 use tonic::Code;
 
-use crate::helpers::{Server, fresh_users, nodes, store};
+use crate::helpers::{Server, check_counts, fresh_users, nodes, store};
 
 const USERS: u64 = 300;
 const CHANNELS: u64 = 5;
@@ -192,21 +192,7 @@ async fn a_shutdown_under_load_loses_nothing_and_says_so() {
     let status = server.wait_for_exit();
     let (missing, _) = missing_acks(&store, &ledger, Instant::now()).await;
     let acknowledged: usize = ledger.acks.values().map(Vec::len).sum();
-    let mut ambiguous = 0;
-    for (&user_id, &(ok, unknown)) in &ledger.counted {
-        let stored = store.load(user_id).await.unwrap();
-        let unread = stored
-            .read_states
-            .iter()
-            .filter(|s| s.channel_id >= COUNTED_CHANNELS)
-            .map(|s| u32::from(s.unread_count))
-            .sum();
-        assert!(
-            (ok..=ok + unknown).contains(&unread),
-            "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"
-        );
-        ambiguous += unknown;
-    }
+    let ambiguous = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
     println!(
         "SIGTERM under load: {acknowledged} acks acknowledged, {missing} missing; \
          {} users counted by MessageCreated, {ambiguous} unanswered counts",

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::helpers::{Server, config, fresh_keyspace, fresh_users, nodes};
+use crate::helpers::{Server, check_counts, config, fresh_keyspace, fresh_users, nodes};
 
 const IDS: [&str; 3] = ["n1", "n2", "n3"];
 const CLIENTS: u64 = 8;
@@ -252,30 +252,6 @@ async fn missing_acks(store: &CassandraStore, ledger: &Ledger) -> (usize, Vec<(u
     (acknowledged, missing)
 }
 
-/// Every user's unread count in its counted channel is within what the
-/// clients were told: at least the acknowledged messages, at most those
-/// plus the unanswered ones (never a message counted twice).
-async fn check_counts(store: &CassandraStore, ledger: &Ledger) -> u32 {
-    let mut unanswered = 0;
-    for (&user_id, &(ok, unknown)) in &ledger.counted {
-        let unread: u32 = store
-            .load(user_id)
-            .await
-            .unwrap()
-            .read_states
-            .iter()
-            .filter(|s| s.channel_id >= COUNTED_CHANNELS)
-            .map(|s| u32::from(s.unread_count))
-            .sum();
-        assert!(
-            (ok..=ok + unknown).contains(&unread),
-            "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"
-        );
-        unanswered += unknown;
-    }
-    unanswered
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weight_changes_and_a_restart_under_load_lose_nothing() {
     let mut fleet = Fleet::start("fleet_moves").await;
@@ -327,7 +303,7 @@ async fn weight_changes_and_a_restart_under_load_lose_nothing() {
     }
     let store = fleet.store().await;
     let (acknowledged, missing) = missing_acks(&store, &ledger).await;
-    let unanswered = check_counts(&store, &ledger).await;
+    let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
     println!(
         "fleet under load: {acknowledged} acks acknowledged, {} missing; {} users counted, \
          {unanswered} unanswered counts; {} requests retried after UNAVAILABLE; ring changes \

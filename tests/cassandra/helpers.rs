@@ -11,6 +11,7 @@ use std::time::Duration;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
 use readstates::metrics::scrape;
 use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::store::Store;
 use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
 use tonic::transport::Channel;
 
@@ -216,6 +217,36 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Checks each user's unread count over the channels from `counted_from`
+/// against what MessageCreated answered: `counted` maps a user to the
+/// messages acknowledged and those left unanswered, so the count must be at
+/// least the first and at most both (never a message counted twice).
+/// Returns the unanswered ones.
+pub async fn check_counts<'a>(
+    store: &CassandraStore,
+    counted: impl IntoIterator<Item = (&'a u64, &'a (u32, u32))>,
+    counted_from: u64,
+) -> u32 {
+    let mut unanswered = 0;
+    for (&user_id, &(ok, unknown)) in counted {
+        let unread: u32 = store
+            .load(user_id)
+            .await
+            .unwrap()
+            .read_states
+            .iter()
+            .filter(|s| s.channel_id >= counted_from)
+            .map(|s| u32::from(s.unread_count))
+            .sum();
+        assert!(
+            (ok..=ok + unknown).contains(&unread),
+            "user {user_id}: {unread} counted, {ok} acknowledged, {unknown} unanswered"
+        );
+        unanswered += unknown;
+    }
+    unanswered
 }
 
 /// Polls `check` until it holds or `limit` passes.
