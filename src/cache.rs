@@ -9,9 +9,11 @@
 //! delay of zero (write-through), each request writes its own changes before
 //! it answers, and write-behind only retries those that failed.
 
+mod arena;
 mod gate;
 mod pins;
 pub(crate) mod shard;
+mod users;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -51,7 +51,7 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn channel(channel_id: u64) -> Key {
+    pub const fn channel(channel_id: u64) -> Key {
         Key {
             kind: Kind::Channel,
             channel_id,
@@ -90,7 +90,7 @@ pub struct ReadState {
 
 impl ReadState {
     /// A fresh read state: nothing read, nothing counted.
-    pub fn new(key: Key) -> ReadState {
+    pub const fn new(key: Key) -> ReadState {
         ReadState {
             channel_id: key.channel_id,
             last_acked_id: 0,
@@ -155,6 +155,17 @@ pub struct Counts {
     pub unread_channel_count: u32,
 }
 
+/// A user's versions without its read states: what the cache keeps beside
+/// the read states, which it stores packed (see [`UserReadStates::from_parts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Header {
+    pub version: u64,
+    pub written_version: u64,
+    pub delta_floor: u64,
+    /// A "delete all" at `delta_floor` is not written yet.
+    pub clear_pending: bool,
+}
+
 /// All read states of one user, sorted by key, with the user's version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UserReadStates {
@@ -164,9 +175,11 @@ pub struct UserReadStates {
     written_version: u64,
     /// A delta since a version below this cannot be exact.
     delta_floor: u64,
-    /// The version of the last "delete all"; the store must drop the user's
-    /// rows before the next write if it is above `written_version`.
-    cleared_version: u64,
+    /// A "delete all" is not written yet: the store must drop the user's
+    /// rows older than it before the next write. Its version is
+    /// `delta_floor`, which nothing raises until it is written (tombstones
+    /// are pruned only up to `written_version`).
+    clear_pending: bool,
     /// Entries with `version > written_version`.
     unwritten: u32,
     /// Live read states and tombstones, sorted by key. A boxed slice would
@@ -185,10 +198,34 @@ impl UserReadStates {
             version,
             written_version: version,
             delta_floor,
-            cleared_version: 0,
+            clear_pending: false,
             unwritten: 0,
             entries,
         }
+    }
+
+    /// Puts a user back together from what [`Self::into_parts`] gave.
+    pub fn from_parts(header: Header, entries: Vec<ReadState>) -> Self {
+        let written = header.written_version;
+        UserReadStates {
+            version: header.version,
+            written_version: written,
+            delta_floor: header.delta_floor,
+            clear_pending: header.clear_pending,
+            unwritten: entries.iter().filter(|e| e.version > written).count() as u32,
+            entries,
+        }
+    }
+
+    /// Takes a user apart into its versions and its entries (sorted by key).
+    pub fn into_parts(self) -> (Header, Vec<ReadState>) {
+        let header = Header {
+            version: self.version,
+            written_version: self.written_version,
+            delta_floor: self.delta_floor,
+            clear_pending: self.clear_pending,
+        };
+        (header, self.entries)
     }
 
     pub fn version(&self) -> u64 {
@@ -446,14 +483,14 @@ impl UserReadStates {
         self.entries = Vec::new();
         self.unwritten = 0;
         self.delta_floor = version;
-        self.cleared_version = version;
+        self.clear_pending = true;
         live
     }
 
     /// The version of a "delete all" the store has not seen yet: the next
     /// write must first remove every stored row older than it.
     pub fn pending_clear(&self) -> Option<u64> {
-        (self.cleared_version > self.written_version).then_some(self.cleared_version)
+        self.clear_pending.then_some(self.delta_floor)
     }
 
     /// The entries a write must carry: those changed after `written_version`.
@@ -468,6 +505,7 @@ impl UserReadStates {
             return;
         }
         self.written_version = version;
+        self.clear_pending &= self.delta_floor > version;
         self.unwritten = self.unwritten_entries().count() as u32;
     }
 

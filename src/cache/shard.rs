@@ -2,18 +2,23 @@
 //! shard's write-behind queues, all behind the shard's one lock.
 //!
 //! Everything here is synchronous and runs under that lock, so it never awaits
-//! and never does I/O: it only moves users between the LRU, the eviction
-//! buffer and the queues, and hands out snapshots for the writer to write.
+//! and never does I/O: it only moves users between the LRU, the evicted ones
+//! and the queues, and hands out snapshots for the writer to write.
+//!
+//! Users are stored packed (see [`super::users`] and [`super::arena`]); the
+//! domain works on one user at a time unpacked into the shard's scratch
+//! space, and what it changed is packed back.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use lru::LruCache;
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
-use crate::read_state::UserReadStates;
+use super::arena::Arena;
+use super::users::{CachedUser, Flags, Slot, Users};
+use crate::read_state::{Header, ReadState, UserReadStates};
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
 
@@ -22,38 +27,6 @@ use crate::watch::{Change, Feed, Offer};
 struct Subscriber {
     feed: Arc<Feed>,
     version: u64,
-}
-
-/// A cached user and its write-behind state.
-#[derive(Debug)]
-pub(crate) struct CachedUser {
-    pub(crate) states: UserReadStates,
-    /// When its oldest unwritten change was made; `None` when clean.
-    unwritten_since: Option<Instant>,
-    /// There is an entry for it in a queue (maybe a stale one).
-    queued: bool,
-    /// A write of it is under way; no second one may start (an older
-    /// snapshot must never land after a newer one).
-    in_flight: bool,
-    /// Requests that hold it from their load to their change (see
-    /// `Cache::update_many`): it is not evicted while pinned.
-    pins: u32,
-    /// Some stream watches it (it has an entry in `Shard::watchers`): the one
-    /// check a change pays when nobody watches.
-    watched: bool,
-}
-
-impl CachedUser {
-    fn new(states: UserReadStates) -> CachedUser {
-        CachedUser {
-            states,
-            unwritten_since: None,
-            queued: false,
-            in_flight: false,
-            pins: 0,
-            watched: false,
-        }
-    }
 }
 
 /// The result of a load shared by every request that waited for it.
@@ -111,17 +84,26 @@ pub(crate) struct ShardGauges {
 
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// Cached users, least recently used first out.
-    users: LruCache<u64, CachedUser>,
-    /// Read states (and tombstones) held by `users`, see [`weight`].
+    /// Cached users in LRU order, and users evicted with unwritten changes.
+    users: Users,
+    /// The users' read states.
+    arena: Arena,
+    /// Where a user's read states are unpacked for the domain to work on
+    /// (kept, so that unpacking allocates nothing).
+    scratch: Vec<ReadState>,
+    /// Read states (and tombstones) of cached users, see
+    /// [`CachedUser::weight`].
     read_states: usize,
-    /// The most read states `users` may hold.
+    /// The most read states cached users may hold.
     capacity: usize,
-    /// Users evicted with unwritten changes, kept until they are written so
-    /// that a request for one sees its latest state.
-    evicted: HashMap<u64, CachedUser>,
+    /// Users evicted with unwritten changes (flagged `EVICTED`), kept until
+    /// they are written so that a request for one sees its latest state.
+    evicted: HashSet<u64>,
     /// Users being loaded from the store; late requests wait on the same load.
     pub(crate) loading: HashMap<u64, Loading>,
+    /// Requests holding each pinned user (flagged `PINNED`) from its load to
+    /// its change (see `Cache::update_many`); few at any time.
+    pins: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
     delayed: VecDeque<(Instant, u64)>,
@@ -133,8 +115,8 @@ pub(crate) struct Shard {
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
     unwritten: usize,
-    /// Read states in `evicted` (see [`weight`]), summed over all shards:
-    /// the memory held beyond capacity, which the memory bound limits.
+    /// Read states of evicted users, summed over all shards: the memory held
+    /// beyond capacity, which the memory bound limits.
     evicted_total: Arc<AtomicUsize>,
     pub(crate) stats: ShardStats,
     /// Something was queued since the writer was last woken.
@@ -142,16 +124,21 @@ pub(crate) struct Shard {
     /// The streams watching each watched user, cached or not: a watched user
     /// that is evicted and loaded again is still watched.
     watchers: HashMap<u64, Vec<Subscriber>>,
+    /// Zero of the shard's millisecond clock (see [`CachedUser::since_ms`]).
+    epoch: Instant,
 }
 
 impl Shard {
     pub(crate) fn new(capacity: usize, evicted_total: Arc<AtomicUsize>) -> Shard {
         Shard {
-            users: LruCache::unbounded(),
+            users: Users::new(),
+            arena: Arena::default(),
+            scratch: Vec::new(),
             read_states: 0,
             capacity,
-            evicted: HashMap::new(),
+            evicted: HashSet::new(),
             loading: HashMap::new(),
+            pins: HashMap::new(),
             delayed: VecDeque::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
@@ -160,21 +147,78 @@ impl Shard {
             stats: ShardStats::default(),
             wake: false,
             watchers: HashMap::new(),
+            epoch: Instant::now(),
         }
     }
 
-    /// Moves a user from the eviction buffer back into the LRU, if it is
-    /// there (the buffer is nearly always empty, so this is cheap).
-    fn revive(&mut self, user_id: u64) {
-        if self.evicted.is_empty() {
-            return;
+    /// Finds a held user and makes it the most recently used, moving it
+    /// back from the evicted ones if it is one.
+    fn hold(&mut self, user_id: u64) -> Option<Slot> {
+        let slot = self.users.find(user_id)?;
+        if self.users.get(slot).is(Flags::EVICTED) {
+            let user = self.users.get_mut(slot);
+            user.flags.set(Flags::EVICTED, false);
+            let weight = user.weight();
+            self.evicted.remove(&user_id);
+            self.evicted_total.fetch_sub(weight, Ordering::Relaxed);
+            self.users.link(slot);
+            self.read_states += weight;
+            self.evict_over_capacity(slot);
+        } else {
+            self.users.touch(slot);
         }
-        if let Some(user) = self.evicted.remove(&user_id) {
-            self.evicted_total
-                .fetch_sub(weight(&user.states), Ordering::Relaxed);
-            self.insert(user_id, user);
-            self.evict_over_capacity(user_id);
+        Some(slot)
+    }
+
+    /// A user's read states, unpacked into the scratch space; give them
+    /// back with [`Shard::pack`] or [`Shard::give_back`].
+    fn unpack(&mut self, slot: Slot) -> UserReadStates {
+        let user = self.users.get(slot);
+        let header = Header {
+            version: user.version,
+            written_version: user.written_version,
+            delta_floor: user.delta_floor,
+            clear_pending: user.is(Flags::CLEAR_PENDING),
+        };
+        let mut entries = std::mem::take(&mut self.scratch);
+        entries.clear();
+        entries.extend_from_slice(self.arena.get(user.block, user.len as usize));
+        UserReadStates::from_parts(header, entries)
+    }
+
+    /// Stores a user's read states back, changed.
+    fn pack(&mut self, slot: Slot, states: UserReadStates) {
+        let (header, entries) = states.into_parts();
+        let user = self.users.get_mut(slot);
+        user.block = self.arena.put(user.block, user.len as usize, &entries);
+        user.len = entries.len() as u32;
+        user.version = header.version;
+        user.written_version = header.written_version;
+        user.delta_floor = header.delta_floor;
+        user.flags.set(Flags::CLEAR_PENDING, header.clear_pending);
+        self.scratch = entries;
+    }
+
+    /// Takes back the scratch space of read states not changed.
+    fn give_back(&mut self, states: UserReadStates) {
+        self.scratch = states.into_parts().1;
+    }
+
+    /// Drops a user and its read states.
+    fn forget(&mut self, slot: Slot) {
+        let user = self.users.remove(slot);
+        if user.is(Flags::PINNED) {
+            // Let go while pinned (a release): the pins' holders see that
+            // by the slot's generation.
+            self.pins.remove(&user.user_id);
         }
+        self.arena.free(user.block, user.len as usize);
+    }
+
+    /// The shard's millisecond clock at `now`; it wraps after 49 days, so
+    /// only ages below that are told apart.
+    fn millis(&self, now: Instant) -> u32 {
+        now.saturating_duration_since(self.epoch).as_millis() as u32
     }
 
     /// Runs `f` on a held user (promoting it in the LRU); `None` if the user
@@ -184,8 +228,11 @@ impl Shard {
         user_id: u64,
         f: impl FnOnce(&UserReadStates) -> R,
     ) -> Option<R> {
-        self.revive(user_id);
-        self.users.get(&user_id).map(|user| f(&user.states))
+        let slot = self.hold(user_id)?;
+        let states = self.unpack(slot);
+        let result = f(&states);
+        self.give_back(states);
+        Some(result)
     }
 
     /// Counts one request's first look at a user.
@@ -206,32 +253,38 @@ impl Shard {
         write_delay: Duration,
         f: impl FnOnce(&mut UserReadStates) -> R,
     ) -> Option<R> {
-        self.revive(user_id);
-        let user = self.users.get_mut(&user_id)?;
-        let (len, unwritten, version) = (
-            weight(&user.states),
-            user.states.unwritten_count(),
-            user.states.version(),
-        );
-        let result = f(&mut user.states);
-        if user.states.version() == version {
+        let slot = self.hold(user_id)?;
+        let mut states = self.unpack(slot);
+        let (len, unwritten, version) =
+            (weight(&states), states.unwritten_count(), states.version());
+        let result = f(&mut states);
+        if states.version() == version {
+            self.give_back(states);
             return Some(result);
         }
-        let change = user
-            .watched
-            .then(|| Change::since(user_id, &user.states, version));
-        let (new_len, new_unwritten) = (weight(&user.states), user.states.unwritten_count());
+        let change = self
+            .users
+            .get(slot)
+            .is(Flags::WATCHED)
+            .then(|| Change::since(user_id, &states, version));
+        let (new_len, new_unwritten) = (weight(&states), states.unwritten_count());
+        self.pack(slot, states);
+        let user = self.users.get(slot);
         // Also while a write is in flight: the change waits its own delay
         // rather than riding straight after, or a hot user would be written
         // back to back.
-        let schedule = !user.queued;
+        let schedule = !user.is(Flags::QUEUED);
         // The clock is read only when a user starts a write window, not on
         // every change to a user already waiting.
-        let now = (schedule || user.unwritten_since.is_none()).then(Instant::now);
-        if let Some(now) = now {
-            user.unwritten_since.get_or_insert(now);
+        let starts = !user.is(Flags::UNWRITTEN_SINCE);
+        let now = (schedule || starts).then(Instant::now);
+        let since_ms = now.map(|now| self.millis(now));
+        let user = self.users.get_mut(slot);
+        if let (true, Some(since_ms)) = (starts, since_ms) {
+            user.since_ms = since_ms;
+            user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
-        user.queued = true;
+        user.flags.set(Flags::QUEUED, true);
         self.read_states = self.read_states + new_len - len;
         self.adjust_unwritten(unwritten, new_unwritten);
         if let (true, Some(now)) = (schedule, now) {
@@ -241,7 +294,7 @@ impl Shard {
         if let Some(change) = change {
             self.publish(change);
         }
-        self.evict_over_capacity(user_id);
+        self.evict_over_capacity(slot);
         Some(result)
     }
 
@@ -249,9 +302,10 @@ impl Shard {
     /// then every change. Again on a user it already watches: starts over
     /// from `since`. `None` if the user is not held.
     pub(crate) fn subscribe(&mut self, user_id: u64, feed: &Arc<Feed>, since: u64) -> Option<()> {
-        self.revive(user_id);
-        let user = self.users.get_mut(&user_id)?;
-        let change = Change::since(user_id, &user.states, since);
+        let slot = self.hold(user_id)?;
+        let states = self.unpack(slot);
+        let change = Change::since(user_id, &states, since);
+        self.give_back(states);
         let version = change.version;
         let subscribers = self.watchers.entry(user_id).or_default();
         subscribers.retain(|s| !Arc::ptr_eq(&s.feed, feed));
@@ -261,10 +315,11 @@ impl Shard {
                 version,
             });
         }
-        user.watched = !subscribers.is_empty();
-        if subscribers.is_empty() {
+        let watched = !subscribers.is_empty();
+        if !watched {
             self.watchers.remove(&user_id);
         }
+        self.users.get_mut(slot).flags.set(Flags::WATCHED, watched);
         Some(())
     }
 
@@ -308,21 +363,29 @@ impl Shard {
 
     fn unwatch(&mut self, user_id: u64) {
         self.watchers.remove(&user_id);
-        if let Some(user) = self.user_mut(user_id) {
-            user.watched = false;
+        if let Some(slot) = self.users.find(user_id) {
+            self.users.get_mut(slot).flags.set(Flags::WATCHED, false);
         }
     }
 
-    /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
+    /// Pins a held user (see [`Shard::pins`]); false if it is not held.
     pub(crate) fn pin(&mut self, user_id: u64) -> bool {
-        self.revive(user_id);
-        match self.users.get_mut(&user_id) {
-            Some(user) => {
-                user.pins += 1;
+        match self.hold(user_id) {
+            Some(slot) => {
+                self.add_pins(slot, 1);
                 true
             }
             None => false,
         }
+    }
+
+    fn add_pins(&mut self, slot: Slot, pins: u32) {
+        if pins == 0 {
+            return;
+        }
+        let user = self.users.get_mut(slot);
+        user.flags.set(Flags::PINNED, true);
+        *self.pins.entry(user.user_id).or_default() += pins;
     }
 
     /// Pins a user that is being loaded: the load hands the pin to the user
@@ -348,67 +411,81 @@ impl Shard {
                 return;
             }
         }
-        let Some(user) = self.users.peek_mut(&user_id) else {
+        // A pinned user is never evicted: an evicted one was let go.
+        let Some(slot) = self.users.find(user_id) else {
             return;
         };
-        user.pins = user.pins.saturating_sub(1);
-        if user.pins == 0 {
-            self.evict_over_capacity(user_id);
+        if !self.users.get(slot).is(Flags::PINNED) {
+            return;
+        }
+        let pins = self.pins.entry(user_id).or_default();
+        *pins = pins.saturating_sub(1);
+        if *pins == 0 {
+            self.pins.remove(&user_id);
+            self.users.get_mut(slot).flags.set(Flags::PINNED, false);
+            self.evict_over_capacity(slot);
         }
     }
 
     /// Caches a user just loaded from the store, with the pins of the
     /// requests that waited for it.
     pub(crate) fn insert_loaded(&mut self, user_id: u64, states: UserReadStates, pins: u32) {
-        let mut user = CachedUser::new(states);
-        user.pins = pins;
-        self.insert(user_id, user);
-        self.evict_over_capacity(user_id);
-    }
-
-    fn insert(&mut self, user_id: u64, mut user: CachedUser) {
-        user.watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
-        self.read_states += weight(&user.states);
-        if let Some(old) = self.users.put(user_id, user) {
-            self.read_states -= weight(&old.states);
+        // Loads start only for users not held, one at a time; should one be
+        // held anyway, what it holds is newer than the store.
+        if let Some(slot) = self.hold(user_id) {
+            tracing::error!(user_id, "a loaded user was held already; kept");
+            self.add_pins(slot, pins);
+            return;
         }
+        let mut user = CachedUser::new(user_id);
+        let watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
+        user.flags.set(Flags::WATCHED, watched);
+        let slot = self.users.insert(user);
+        self.add_pins(slot, pins);
+        self.read_states += weight(&states);
+        self.pack(slot, states);
+        self.evict_over_capacity(slot);
     }
 
     /// Evicts least recently used users until the shard is within capacity,
     /// never `keep` (the user being served) nor a pinned user: those are
     /// moved to the front, and if only they are left the shard overflows
-    /// until they are let go. Unwritten users go to the eviction buffer and the
-    /// ready queue.
-    fn evict_over_capacity(&mut self, keep: u64) {
+    /// until they are let go. Unwritten users stay as evicted ones, queued
+    /// to be written now.
+    fn evict_over_capacity(&mut self, keep: Slot) {
         let mut spared = 0;
         while self.read_states > self.capacity {
-            let Some((&oldest, user)) = self.users.peek_lru() else {
+            let Some(oldest) = self.users.lru() else {
                 break;
             };
-            if oldest == keep || user.pins > 0 {
+            let user = self.users.get(oldest);
+            if oldest == keep || user.is(Flags::PINNED) {
                 spared += 1;
-                if spared >= self.users.len() {
+                if spared >= self.users.linked() {
                     break;
                 }
-                self.users.promote(&oldest);
+                self.users.touch(oldest);
                 continue;
             }
-            let Some((user_id, mut user)) = self.users.pop_lru() else {
-                break;
-            };
-            self.read_states -= weight(&user.states);
+            let (user_id, weight) = (user.user_id, user.weight());
+            let in_flight = user.is(Flags::IN_FLIGHT);
+            self.read_states -= weight;
             self.stats.evictions += 1;
-            if user.states.has_unwritten() || user.in_flight {
-                self.stats.evictions_unwritten += 1;
-                if !user.in_flight {
-                    user.queued = true;
-                    self.ready.push_back(user_id);
-                    self.wake = true;
-                }
-                self.evicted_total
-                    .fetch_add(weight(&user.states), Ordering::Relaxed);
-                self.evicted.insert(user_id, user);
+            if !(user.has_unwritten() || in_flight) {
+                self.forget(oldest);
+                continue;
             }
+            self.stats.evictions_unwritten += 1;
+            self.users.unlink(oldest);
+            let user = self.users.get_mut(oldest);
+            user.flags.set(Flags::EVICTED, true);
+            if !in_flight {
+                user.flags.set(Flags::QUEUED, true);
+                self.ready.push_back(user_id);
+                self.wake = true;
+            }
+            self.evicted.insert(user_id);
+            self.evicted_total.fetch_add(weight, Ordering::Relaxed);
         }
     }
 
@@ -427,9 +504,10 @@ impl Shard {
                     None => return Due::Wait(None),
                 }
             };
-            if let Some(user) = self.user_mut(user_id) {
-                user.queued = false;
-                if user.states.has_unwritten() && !user.in_flight {
+            if let Some(slot) = self.users.find(user_id) {
+                let user = self.users.get_mut(slot);
+                user.flags.set(Flags::QUEUED, false);
+                if user.has_unwritten() && !user.is(Flags::IN_FLIGHT) {
                     return Due::User(user_id);
                 }
             }
@@ -441,10 +519,12 @@ impl Shard {
     /// that the front is the oldest unwritten change.
     fn drop_stale_delayed(&mut self) {
         while let Some(&(_, user_id)) = self.delayed.front() {
-            match self.user_mut(user_id) {
-                Some(user) if user.states.has_unwritten() || user.in_flight => return,
-                Some(user) => user.queued = false,
-                None => {}
+            if let Some(slot) = self.users.find(user_id) {
+                let user = self.users.get_mut(slot);
+                if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
+                    return;
+                }
+                user.flags.set(Flags::QUEUED, false);
             }
             self.delayed.pop_front();
         }
@@ -452,11 +532,10 @@ impl Shard {
 
     /// Every unwritten user not already being written, for the final drain.
     pub(crate) fn unwritten_users(&self) -> Vec<u64> {
-        let cached = self.users.iter().map(|(&id, u)| (id, u));
-        cached
-            .chain(self.evicted.iter().map(|(&id, u)| (id, u)))
-            .filter(|(_, u)| u.states.has_unwritten() && !u.in_flight)
-            .map(|(id, _)| id)
+        self.users
+            .iter()
+            .filter(|u| u.has_unwritten() && !u.is(Flags::IN_FLIGHT))
+            .map(|u| u.user_id)
             .collect()
     }
 
@@ -469,11 +548,12 @@ impl Shard {
         retry: bool,
         now_us: u64,
     ) -> Option<UserWrite> {
-        let user = self.user_mut(user_id)?;
-        if user.in_flight != retry {
+        let slot = self.users.find(user_id)?;
+        let user = self.users.get(slot);
+        if user.is(Flags::IN_FLIGHT) != retry {
             return None;
         }
-        if !user.states.has_unwritten() {
+        if !user.has_unwritten() {
             // Written meanwhile (write-through) while this write waited to
             // retry: it ends here, and must let go of the user.
             if retry {
@@ -481,8 +561,10 @@ impl Shard {
             }
             return None;
         }
-        user.in_flight = true;
-        let write = UserWrite::of(user_id, &user.states);
+        self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, true);
+        let states = self.unpack(slot);
+        let write = UserWrite::of(user_id, &states);
+        self.give_back(states);
         self.in_flight.insert(user_id);
         Some(write)
     }
@@ -491,8 +573,8 @@ impl Shard {
     /// (`None`). Clears what it wrote and queues what changed meanwhile.
     pub(crate) fn finish_write(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
         self.in_flight.remove(&user_id);
-        if let Some(user) = self.user_mut(user_id) {
-            user.in_flight = false;
+        if let Some(slot) = self.users.find(user_id) {
+            self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, false);
         }
         self.settle(user_id, version, now_us, true);
     }
@@ -508,41 +590,44 @@ impl Shard {
     /// counters in step, lets an evicted user go once it is clean and, with
     /// `requeue`, queues what is still unwritten.
     fn settle(&mut self, user_id: u64, version: Option<u64>, now_us: u64, requeue: bool) {
-        let evicted = self.evicted.contains_key(&user_id);
-        let Some(user) = self.user_mut(user_id) else {
+        let Some(slot) = self.users.find(user_id) else {
             return;
         };
-        let (len, unwritten) = (weight(&user.states), user.states.unwritten_count());
+        let evicted = self.users.get(slot).is(Flags::EVICTED);
+        let mut states = self.unpack(slot);
+        let (len, unwritten) = (weight(&states), states.unwritten_count());
         if let Some(version) = version {
-            user.states.mark_written(version);
-            // An evicted user keeps its weight until it leaves the buffer.
+            states.mark_written(version);
+            // An evicted user keeps its weight until it leaves.
             if !evicted {
-                user.states.prune_tombstones(now_us);
+                states.prune_tombstones(now_us);
             }
         }
-        let (new_len, new_unwritten) = (weight(&user.states), user.states.unwritten_count());
-        let still_unwritten = user.states.has_unwritten();
+        let (new_len, new_unwritten) = (weight(&states), states.unwritten_count());
+        let still_unwritten = states.has_unwritten();
+        self.pack(slot, states);
+        let now_ms = (still_unwritten && version.is_some()).then(|| self.millis(Instant::now()));
+        let user = self.users.get_mut(slot);
         // An evicted user stays while a write-behind write of it is under
         // way (also one backing off): that write still has to find it.
-        let in_flight = user.in_flight;
+        let in_flight = user.is(Flags::IN_FLIGHT);
         if !still_unwritten {
-            user.unwritten_since = None;
-        } else if version.is_some() {
+            user.flags.set(Flags::UNWRITTEN_SINCE, false);
+        } else if let Some(now_ms) = now_ms {
             // What is left was changed while the write was under way.
-            user.unwritten_since = Some(Instant::now());
+            user.since_ms = now_ms;
+            user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
-        let requeue = requeue && still_unwritten && !user.queued && version.is_some();
+        let requeue = requeue && still_unwritten && !user.is(Flags::QUEUED) && version.is_some();
         if requeue {
-            user.queued = true;
+            user.flags.set(Flags::QUEUED, true);
         }
         self.adjust_unwritten(unwritten, new_unwritten);
         if evicted {
-            if !still_unwritten
-                && !in_flight
-                && let Some(user) = self.evicted.remove(&user_id)
-            {
-                self.evicted_total
-                    .fetch_sub(weight(&user.states), Ordering::Relaxed);
+            if !still_unwritten && !in_flight {
+                self.evicted.remove(&user_id);
+                self.evicted_total.fetch_sub(len, Ordering::Relaxed);
+                self.forget(slot);
             }
         } else {
             self.read_states = self.read_states + new_len - len;
@@ -559,8 +644,7 @@ impl Shard {
         let mut ids: Vec<u64> = self
             .users
             .iter()
-            .map(|(&id, _)| id)
-            .chain(self.evicted.keys().copied())
+            .map(|u| u.user_id)
             .chain(self.watchers.keys().copied())
             .filter(|&id| leaving(id))
             .collect();
@@ -573,13 +657,14 @@ impl Shard {
     /// under way) for a write now.
     pub(crate) fn expedite(&mut self, ids: &[u64]) {
         for &user_id in ids {
-            let Some(user) = self.user_mut(user_id) else {
+            let Some(slot) = self.users.find(user_id) else {
                 continue;
             };
-            if !user.in_flight && user.states.has_unwritten() {
+            let user = self.users.get_mut(slot);
+            if !user.is(Flags::IN_FLIGHT) && user.has_unwritten() {
                 // Maybe queued already for later: this entry comes first,
                 // and next_due skips whichever is stale.
-                user.queued = true;
+                user.flags.set(Flags::QUEUED, true);
                 self.ready.push_back(user_id);
                 self.wake = true;
             }
@@ -589,8 +674,9 @@ impl Shard {
     /// How many of `ids` are not written yet, or have a write under way.
     pub(crate) fn unsettled(&self, ids: &[u64]) -> usize {
         ids.iter()
-            .filter_map(|id| self.users.peek(id).or_else(|| self.evicted.get(id)))
-            .filter(|user| user.in_flight || user.states.has_unwritten())
+            .filter_map(|&id| self.users.find(id))
+            .map(|slot| self.users.get(slot))
+            .filter(|user| user.is(Flags::IN_FLIGHT) || user.has_unwritten())
             .count()
     }
 
@@ -605,29 +691,34 @@ impl Shard {
                     subscriber.feed.moved(user_id, subscriber.version);
                 }
             }
-            match self.user_mut(user_id) {
-                Some(user) if user.states.has_unwritten() || user.in_flight => kept += 1,
-                Some(_) => {
-                    if let Some(user) = self.users.pop(&user_id) {
-                        self.read_states -= weight(&user.states);
-                    } else if let Some(user) = self.evicted.remove(&user_id) {
-                        self.evicted_total
-                            .fetch_sub(weight(&user.states), Ordering::Relaxed);
-                    }
-                }
-                None => {}
+            let Some(slot) = self.users.find(user_id) else {
+                continue;
+            };
+            let user = self.users.get(slot);
+            if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
+                kept += 1;
+                continue;
             }
+            if user.is(Flags::EVICTED) {
+                self.evicted.remove(&user_id);
+                self.evicted_total
+                    .fetch_sub(user.weight(), Ordering::Relaxed);
+            } else {
+                self.read_states -= user.weight();
+            }
+            self.forget(slot);
         }
         kept
     }
 
     pub(crate) fn gauges(&mut self) -> ShardGauges {
         self.drop_stale_delayed();
-        let since = |id: &u64| {
-            self.users
-                .peek(id)
-                .or_else(|| self.evicted.get(id))?
-                .unwritten_since
+        let now = Instant::now();
+        let now_ms = self.millis(now);
+        let age = |id: &u64| {
+            let user = self.users.get(self.users.find(*id)?);
+            user.is(Flags::UNWRITTEN_SINCE)
+                .then(|| now_ms.wrapping_sub(user.since_ms))
         };
         let oldest_unwritten = self
             .delayed
@@ -636,11 +727,12 @@ impl Shard {
             .into_iter()
             .chain(self.ready.iter())
             .chain(self.in_flight.iter())
-            .chain(self.evicted.keys())
-            .filter_map(since)
-            .min();
+            .chain(self.evicted.iter())
+            .filter_map(age)
+            .max()
+            .and_then(|age| now.checked_sub(Duration::from_millis(age.into())));
         ShardGauges {
-            users: self.users.len(),
+            users: self.users.linked(),
             watched: self.watchers.len(),
             read_states: self.read_states,
             unwritten: self.unwritten,
@@ -666,18 +758,9 @@ impl Shard {
     fn adjust_unwritten(&mut self, before: usize, after: usize) {
         self.unwritten = self.unwritten + after - before;
     }
-
-    fn user_mut(&mut self, user_id: u64) -> Option<&mut CachedUser> {
-        match self.users.peek_mut(&user_id) {
-            Some(user) => Some(user),
-            None => self.evicted.get_mut(&user_id),
-        }
-    }
 }
 
-/// What a user counts against capacity: its read states and tombstones, and
-/// at least 1, so that users with none (lookups of unknown users) are evicted
-/// too.
+/// What a user counts against capacity (see [`CachedUser::weight`]).
 fn weight(states: &UserReadStates) -> usize {
     states.len().max(1)
 }
