@@ -9,17 +9,23 @@
 #   PAIRS=9 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml loadtest/pairs.sh
 #   WATCH_USERS=10000 loadtest/pairs.sh  also readstates with that many users
 #                                        watched over WATCH_STREAMS (4) streams
+#   COMPARE=/tmp/old/readstates loadtest/pairs.sh
+#                                        also that build of readstates, in the
+#                                        same pairs (before/after a change)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PAIRS="${PAIRS:-5}"
 WATCH_USERS="${WATCH_USERS:-0}"
 WATCH_STREAMS="${WATCH_STREAMS:-4}"
+COMPARE="${COMPARE:-}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
 RS_GRPC=127.0.0.1:50151
 RS_METRICS=127.0.0.1:9190
 BASELINE=127.0.0.1:50161
+CMP_GRPC=127.0.0.1:50152
+CMP_METRICS=127.0.0.1:9192
 OUT=target/loadtest-pairs
 
 cargo build --release -p readstates -p loadtest
@@ -32,7 +38,13 @@ baseline_pid=$!
 "$RS" serve --store memory --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn \
     2>>"$OUT/readstates.log" &
 readstates_pid=$!
-trap 'kill $baseline_pid $readstates_pid 2>/dev/null || true' EXIT
+compare_pid=
+if [ -n "$COMPARE" ]; then
+    "$COMPARE" serve --store memory --listen "$CMP_GRPC" --metrics-listen "$CMP_METRICS" \
+        --log-level warn 2>>"$OUT/compare.log" &
+    compare_pid=$!
+fi
+trap 'kill $baseline_pid $readstates_pid $compare_pid 2>/dev/null || true' EXIT
 sleep 1
 
 # cpu_ticks PID: user + system time of a process, in clock ticks.
@@ -63,14 +75,22 @@ EOF
 # CPU time is all requests.
 measure baseline "$baseline_pid" "grpc://$BASELINE" >/dev/null
 measure readstates "$readstates_pid" "grpc://$RS_GRPC" >/dev/null
-
-if [ "$WATCH_USERS" -gt 0 ]; then
-    echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req | watched ok/s | watched/unwatched | watched CPU us/req |"
-    echo "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-else
-    echo "| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req |"
-    echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+if [ -n "$COMPARE" ]; then
+    measure compare "$compare_pid" "grpc://$CMP_GRPC" >/dev/null
 fi
+
+header="| pair | baseline ok/s | readstates ok/s | ratio | baseline CPU us/req | readstates CPU us/req |"
+rule="| ---: | ---: | ---: | ---: | ---: | ---: |"
+if [ "$WATCH_USERS" -gt 0 ]; then
+    header="$header watched ok/s | watched/unwatched | watched CPU us/req |"
+    rule="$rule ---: | ---: | ---: |"
+fi
+if [ -n "$COMPARE" ]; then
+    header="$header compared ok/s | ratio | compared CPU us/req |"
+    rule="$rule ---: | ---: | ---: |"
+fi
+echo "$header"
+echo "$rule"
 for pair in $(seq 1 "$PAIRS"); do
     read -r b_rate b_cpu < <(measure baseline "$baseline_pid" "grpc://$BASELINE" --skip-preload)
     read -r r_rate r_cpu < <(measure readstates "$readstates_pid" "grpc://$RS_GRPC" --skip-preload)
@@ -81,6 +101,11 @@ for pair in $(seq 1 "$PAIRS"); do
             --skip-preload --watch-users "$WATCH_USERS" --watch-streams "$WATCH_STREAMS")
         watched=$(python3 -c "print(f'{$w_rate / $r_rate * 100:.1f}%')")
         line="$line $w_rate | $watched | $w_cpu |"
+    fi
+    if [ -n "$COMPARE" ]; then
+        read -r c_rate c_cpu < <(measure compare "$compare_pid" "grpc://$CMP_GRPC" --skip-preload)
+        c_ratio=$(python3 -c "print(f'{$c_rate / $b_rate * 100:.1f}%')")
+        line="$line $c_rate | $c_ratio | $c_cpu |"
     fi
     echo "$line"
 done

@@ -13,6 +13,7 @@ mod arena;
 mod gate;
 mod pins;
 pub(crate) mod shard;
+pub use arena::Stored;
 mod users;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,7 +27,7 @@ use tokio::time::Instant;
 use crate::clock;
 use crate::cluster::ownership::{Ownership, SlotState};
 use crate::error::Error;
-use crate::read_state::UserReadStates;
+use crate::read_state::{UserReadStates, UserView};
 use crate::store::{Store, UserWrite};
 use crate::watch::Feed;
 use gate::ChangeGate;
@@ -121,7 +122,7 @@ impl Cache {
     pub async fn read<R>(
         self: &Arc<Self>,
         user_id: u64,
-        mut f: impl FnMut(&UserReadStates) -> R,
+        mut f: impl FnMut(&UserView) -> R,
     ) -> Result<R, Error> {
         self.with_user(user_id, true, |shard| shard.read(user_id, &mut f))
             .await
@@ -131,7 +132,7 @@ impl Cache {
     pub async fn update<R>(
         self: &Arc<Self>,
         user_id: u64,
-        mut f: impl FnMut(&mut UserReadStates, u64) -> R,
+        mut f: impl FnMut(&mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<R, Error> {
         self.check_unwritten()?;
         let applied = self
@@ -163,7 +164,7 @@ impl Cache {
     pub async fn update_many<R>(
         self: &Arc<Self>,
         user_ids: &[u64],
-        mut f: impl FnMut(usize, &mut UserReadStates, u64) -> R,
+        mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<Vec<R>, Error> {
         self.check_unwritten()?;
         let pins = self.pin_all(user_ids).await?;
@@ -218,7 +219,7 @@ impl Cache {
         &self,
         shard: &mut Shard,
         user_id: u64,
-        f: impl FnOnce(&mut UserReadStates) -> R,
+        f: impl FnOnce(&mut UserReadStates<Stored<'_>>) -> R,
     ) -> Option<(R, Option<UserWrite>)> {
         let write_through = self.config.write_delay.is_zero();
         // In write-through mode the request writes its own change; the queue
@@ -232,8 +233,8 @@ impl Cache {
         shard.change(user_id, delay, |user| {
             let version = user.version();
             let result = f(user);
-            let write =
-                (write_through && user.version() != version).then(|| UserWrite::of(user_id, user));
+            let write = (write_through && user.version() != version)
+                .then(|| UserWrite::of(user_id, user.view()));
             (result, write)
         })
     }
@@ -284,7 +285,7 @@ impl Cache {
     pub async fn read_many<R>(
         self: &Arc<Self>,
         user_ids: &[u64],
-        mut f: impl FnMut(&UserReadStates) -> R,
+        mut f: impl FnMut(&UserView) -> R,
     ) -> Result<Vec<R>, Error> {
         for &user_id in user_ids {
             self.served(user_id)?;

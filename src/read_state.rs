@@ -12,6 +12,7 @@
 //! which the store is known to hold this user. No per-entry flag is needed, and a write
 //! that raced with newer changes leaves exactly those newer changes unwritten.
 
+use std::ops::DerefMut;
 use std::time::Duration;
 
 /// What a read state tracks. `Channel` is almost everything; the others are
@@ -166,9 +167,37 @@ pub struct Header {
     pub clear_pending: bool,
 }
 
+/// Where a user's read states live, sorted by key: a `Vec` on their own; the
+/// cache keeps them in its arena and changes them there.
+pub trait Entries: DerefMut<Target = [ReadState]> {
+    /// Inserts `entry` at `index`, shifting the ones after it up.
+    fn insert(&mut self, index: usize, entry: ReadState);
+    /// Keeps only the entries `keep` says to, in order.
+    fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool);
+    /// Removes every entry.
+    fn clear(&mut self);
+}
+
+impl Entries for Vec<ReadState> {
+    fn insert(&mut self, index: usize, entry: ReadState) {
+        // Exact growth: per-user vectors are small and many, and doubling
+        // would waste a third of them on average.
+        self.reserve_exact(1);
+        Vec::insert(self, index, entry);
+    }
+
+    fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool) {
+        Vec::retain(self, keep);
+    }
+
+    fn clear(&mut self) {
+        *self = Vec::new();
+    }
+}
+
 /// All read states of one user, sorted by key, with the user's version.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UserReadStates {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserReadStates<E = Vec<ReadState>> {
     /// Rises on every applied change: `max(previous + 1, now_µs)`.
     version: u64,
     /// The store holds every change up to this version.
@@ -182,9 +211,15 @@ pub struct UserReadStates {
     clear_pending: bool,
     /// Entries with `version > written_version`.
     unwritten: u32,
-    /// Live read states and tombstones, sorted by key. A boxed slice would
-    /// save 8 bytes but cost a reallocation on every insert.
-    entries: Vec<ReadState>,
+    /// Live read states and tombstones, sorted by key.
+    entries: E,
+}
+
+impl Default for UserReadStates {
+    /// A user with no read states, nothing written.
+    fn default() -> Self {
+        UserReadStates::from_stored(0, 0, Vec::new())
+    }
 }
 
 impl UserReadStates {
@@ -203,9 +238,11 @@ impl UserReadStates {
             entries,
         }
     }
+}
 
+impl<E: Entries> UserReadStates<E> {
     /// Puts a user back together from what [`Self::into_parts`] gave.
-    pub fn from_parts(header: Header, entries: Vec<ReadState>) -> Self {
+    pub fn from_parts(header: Header, entries: E) -> Self {
         let written = header.written_version;
         UserReadStates {
             version: header.version,
@@ -218,7 +255,7 @@ impl UserReadStates {
     }
 
     /// Takes a user apart into its versions and its entries (sorted by key).
-    pub fn into_parts(self) -> (Header, Vec<ReadState>) {
+    pub fn into_parts(self) -> (Header, E) {
         let header = Header {
             version: self.version,
             written_version: self.written_version,
@@ -226,6 +263,19 @@ impl UserReadStates {
             clear_pending: self.clear_pending,
         };
         (header, self.entries)
+    }
+
+    /// The user, read-only: every read goes through it.
+    pub fn view(&self) -> UserView<'_> {
+        UserView {
+            header: Header {
+                version: self.version,
+                written_version: self.written_version,
+                delta_floor: self.delta_floor,
+                clear_pending: self.clear_pending,
+            },
+            entries: &self.entries,
+        }
     }
 
     pub fn version(&self) -> u64 {
@@ -240,7 +290,7 @@ impl UserReadStates {
         self.delta_floor
     }
 
-    /// Read states and tombstones held, the unit of cache capacity.
+    /// See [`UserView::len`].
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -249,7 +299,7 @@ impl UserReadStates {
         self.entries.is_empty()
     }
 
-    /// Has changes the store does not hold yet.
+    /// See [`UserView::has_unwritten`].
     pub fn has_unwritten(&self) -> bool {
         self.version > self.written_version
     }
@@ -258,48 +308,27 @@ impl UserReadStates {
     /// pending "delete all" as one more, so that a wipe waiting for the
     /// store counts as unwritten like any other change.
     pub fn unwritten_count(&self) -> usize {
-        self.unwritten as usize + usize::from(self.pending_clear().is_some())
+        self.unwritten as usize + usize::from(self.clear_pending)
     }
 
-    /// The live read state for `key`.
+    /// See [`UserView::get`].
     pub fn get(&self, key: Key) -> Option<&ReadState> {
-        self.position(key)
-            .ok()
-            .map(|i| &self.entries[i])
-            .filter(|e| !e.deleted)
+        self.view().get(key)
     }
 
-    /// Every live read state, sorted by key.
+    /// See [`UserView::live`].
     pub fn live(&self) -> impl Iterator<Item = &ReadState> {
-        self.entries.iter().filter(|e| !e.deleted)
+        self.view().live()
     }
 
+    /// See [`UserView::counts`].
     pub fn counts(&self) -> Counts {
-        self.live().fold(Counts::default(), |mut counts, e| {
-            counts.total_mention_count += u64::from(e.mention_count);
-            counts.unread_channel_count += u32::from(e.is_unread());
-            counts
-        })
+        self.view().counts()
     }
 
-    /// What changed after `since`, or the full set when `since` is 0 or no
-    /// exact delta can be given (tombstones dropped, a wipe, a version from
-    /// the future).
+    /// See [`UserView::delta`].
     pub fn delta(&self, since: u64) -> Delta<'_> {
-        if since == 0 || since < self.delta_floor || since > self.version {
-            return Delta {
-                partial: false,
-                read_states: self.live().collect(),
-                deleted: Vec::new(),
-            };
-        }
-        let changed = self.entries.iter().filter(|e| e.version > since);
-        let (deleted, live): (Vec<&ReadState>, Vec<&ReadState>) = changed.partition(|e| e.deleted);
-        Delta {
-            partial: true,
-            read_states: live,
-            deleted: deleted.iter().map(|e| e.key()).collect(),
-        }
+        self.view().delta(since)
     }
 
     /// A normal ack: moves `last_acked_id` forward to `message_id` and resets
@@ -480,23 +509,21 @@ impl UserReadStates {
             return 0;
         }
         let version = self.next_version(now_us);
-        self.entries = Vec::new();
+        self.entries.clear();
         self.unwritten = 0;
         self.delta_floor = version;
         self.clear_pending = true;
         live
     }
 
-    /// The version of a "delete all" the store has not seen yet: the next
-    /// write must first remove every stored row older than it.
+    /// See [`UserView::pending_clear`].
     pub fn pending_clear(&self) -> Option<u64> {
-        self.clear_pending.then_some(self.delta_floor)
+        self.view().pending_clear()
     }
 
-    /// The entries a write must carry: those changed after `written_version`.
+    /// See [`UserView::unwritten_entries`].
     pub fn unwritten_entries(&self) -> impl Iterator<Item = &ReadState> {
-        let written = self.written_version;
-        self.entries.iter().filter(move |e| e.version > written)
+        self.view().unwritten_entries()
     }
 
     /// The store now holds everything up to `version`.
@@ -589,9 +616,6 @@ impl UserReadStates {
                 (i, was_unwritten)
             }
             Err(i) => {
-                // Exact growth: per-user vectors are small and many, and
-                // doubling would waste a third of the cache on average.
-                self.entries.reserve_exact(1);
                 self.entries.insert(i, ReadState::new(key));
                 (i, false)
             }
@@ -603,6 +627,124 @@ impl UserReadStates {
         update(entry);
         entry.version = version;
         entry
+    }
+}
+
+/// One user's read states, read-only and borrowed: what a read sees, also
+/// where a cache stores them packed.
+#[derive(Clone, Copy, Debug)]
+pub struct UserView<'a> {
+    header: Header,
+    /// Sorted by key.
+    entries: &'a [ReadState],
+}
+
+impl<'a, E: Entries> From<&'a UserReadStates<E>> for UserView<'a> {
+    fn from(user: &'a UserReadStates<E>) -> UserView<'a> {
+        user.view()
+    }
+}
+
+impl<'a> UserView<'a> {
+    /// `entries` must be sorted by key, as [`UserReadStates::into_parts`]
+    /// gives them.
+    pub fn new(header: Header, entries: &'a [ReadState]) -> UserView<'a> {
+        UserView { header, entries }
+    }
+
+    pub fn header(self) -> Header {
+        self.header
+    }
+
+    /// Read states and tombstones, sorted by key.
+    pub fn entries(self) -> &'a [ReadState] {
+        self.entries
+    }
+
+    pub fn version(self) -> u64 {
+        self.header.version
+    }
+
+    pub fn written_version(self) -> u64 {
+        self.header.written_version
+    }
+
+    pub fn delta_floor(self) -> u64 {
+        self.header.delta_floor
+    }
+
+    /// Read states and tombstones held, the unit of cache capacity.
+    pub fn len(self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Has changes the store does not hold yet.
+    pub fn has_unwritten(self) -> bool {
+        self.header.version > self.header.written_version
+    }
+
+    /// The live read state for `key`.
+    pub fn get(self, key: Key) -> Option<&'a ReadState> {
+        let entries = self.entries;
+        entries
+            .binary_search_by_key(&key, ReadState::key)
+            .ok()
+            .map(|i| &entries[i])
+            .filter(|e| !e.deleted)
+    }
+
+    /// Every live read state, sorted by key.
+    pub fn live(self) -> impl Iterator<Item = &'a ReadState> {
+        self.entries.iter().filter(|e| !e.deleted)
+    }
+
+    pub fn counts(self) -> Counts {
+        self.live().fold(Counts::default(), |mut counts, e| {
+            counts.total_mention_count += u64::from(e.mention_count);
+            counts.unread_channel_count += u32::from(e.is_unread());
+            counts
+        })
+    }
+
+    /// What changed after `since`, or the full set when `since` is 0 or no
+    /// exact delta can be given (tombstones dropped, a wipe, a version from
+    /// the future).
+    pub fn delta(self, since: u64) -> Delta<'a> {
+        let Header {
+            version,
+            delta_floor,
+            ..
+        } = self.header;
+        if since == 0 || since < delta_floor || since > version {
+            return Delta {
+                partial: false,
+                read_states: self.live().collect(),
+                deleted: Vec::new(),
+            };
+        }
+        let changed = self.entries.iter().filter(|e| e.version > since);
+        let (deleted, live): (Vec<&ReadState>, Vec<&ReadState>) = changed.partition(|e| e.deleted);
+        Delta {
+            partial: true,
+            read_states: live,
+            deleted: deleted.iter().map(|e| e.key()).collect(),
+        }
+    }
+
+    /// The version of a "delete all" the store has not seen yet: the next
+    /// write must first remove every stored row older than it.
+    pub fn pending_clear(self) -> Option<u64> {
+        self.header.clear_pending.then_some(self.header.delta_floor)
+    }
+
+    /// The entries a write must carry: those changed after `written_version`.
+    pub fn unwritten_entries(self) -> impl Iterator<Item = &'a ReadState> {
+        let written = self.header.written_version;
+        self.entries.iter().filter(move |e| e.version > written)
     }
 }
 

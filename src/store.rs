@@ -21,7 +21,7 @@ pub mod memory;
 
 use async_trait::async_trait;
 
-use crate::read_state::{ReadState, TOMBSTONE_RETENTION, UserReadStates};
+use crate::read_state::{ReadState, TOMBSTONE_RETENTION, UserReadStates, UserView};
 
 /// A user as the store holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -64,7 +64,8 @@ pub struct UserWrite {
 
 impl UserWrite {
     /// The write that makes the store hold everything `user` holds.
-    pub fn of(user_id: u64, user: &UserReadStates) -> UserWrite {
+    pub fn of<'a>(user_id: u64, user: impl Into<UserView<'a>>) -> UserWrite {
+        let user = user.into();
         UserWrite {
             user_id,
             version: user.version(),

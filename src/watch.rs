@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Error;
-use crate::read_state::{Counts, Key, ReadState, UserReadStates};
+use crate::read_state::{Counts, Key, ReadState, UserView};
 
 /// One change of one user (or, on subscribe, what changed since the
 /// subscriber's version), with the user's totals after it.
@@ -36,7 +36,8 @@ pub struct Change {
 impl Change {
     /// What changed in `user` after version `since`: its delta, as
     /// GetReadStates answers it.
-    pub fn since(user_id: u64, user: &UserReadStates, since: u64) -> Change {
+    pub fn since<'a>(user_id: u64, user: impl Into<UserView<'a>>, since: u64) -> Change {
+        let user = user.into();
         let delta = user.delta(since);
         Change {
             user_id,

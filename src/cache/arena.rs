@@ -11,7 +11,9 @@
 //! Freed blocks are reused by the next user of their class; chunks are kept
 //! (a shard refills what it evicted).
 
-use crate::read_state::{Key, ReadState};
+use std::ops::{Deref, DerefMut};
+
+use crate::read_state::{Entries, Key, ReadState};
 
 /// The most bytes of read states in one chunk (a larger block has a chunk
 /// of its own).
@@ -49,7 +51,26 @@ impl Block {
 
 /// The class that holds `len` (at least 1) read states.
 fn class_of(len: usize) -> usize {
-    CAPACITIES.partition_point(|&cap| (cap as usize) < len)
+    match SMALL_CLASSES.get(len) {
+        Some(&class) => usize::from(class),
+        None => CAPACITIES.partition_point(|&cap| (cap as usize) < len),
+    }
+}
+
+/// `class_of` for lengths below 1024, looked up (it is on every access).
+static SMALL_CLASSES: [u8; 1024] = small_classes();
+
+const fn small_classes() -> [u8; 1024] {
+    let mut classes = [0u8; 1024];
+    let (mut len, mut class) = (1, 0);
+    while len < 1024 {
+        while (CAPACITIES[class] as usize) < len {
+            class += 1;
+        }
+        classes[len] = class as u8;
+        len += 1;
+    }
+    classes
 }
 
 /// What fills a block's unused tail.
@@ -141,6 +162,38 @@ impl Arena {
         block
     }
 
+    /// The whole block of a user holding `len` (at least 1) read states.
+    fn block_mut(&mut self, block: Block, len: usize) -> &mut [ReadState] {
+        let class = &mut self.classes[class_of(len)];
+        let (chunk, range) = class.range(block);
+        &mut class.chunks[chunk][range]
+    }
+
+    /// Moves a user holding `len` read states to a block for `new_len` (of
+    /// another class), filled by `fill` from the old ones.
+    fn relocate(
+        &mut self,
+        block: Block,
+        len: usize,
+        new_len: usize,
+        fill: impl FnOnce(&[ReadState], &mut [ReadState]),
+    ) -> Block {
+        let (from, to) = (class_of(len), class_of(new_len));
+        let new = self.class(to).take();
+        let [from, to] = self
+            .classes
+            .get_disjoint_mut([from, to])
+            .expect("a relocation changes class");
+        let (old_chunk, old_range) = from.range(block);
+        let (new_chunk, new_range) = to.range(new);
+        fill(
+            &from.chunks[old_chunk][old_range][..len],
+            &mut to.chunks[new_chunk][new_range][..new_len],
+        );
+        from.free.push(block.0);
+        new
+    }
+
     /// Gives back the block of a user holding `len` read states.
     pub(crate) fn free(&mut self, block: Block, len: usize) {
         if len > 0 {
@@ -154,6 +207,90 @@ impl Arena {
             self.classes.push(Class::new(capacity));
         }
         &mut self.classes[class]
+    }
+}
+
+/// A user's read states where the arena keeps them, for the domain to
+/// change in place (see [`Entries`]). The user's record takes back the
+/// block and length afterwards ([`Stored::place`]).
+#[derive(Debug)]
+pub struct Stored<'a> {
+    arena: &'a mut Arena,
+    block: Block,
+    len: usize,
+}
+
+impl<'a> Stored<'a> {
+    pub(crate) fn new(arena: &'a mut Arena, block: Block, len: usize) -> Stored<'a> {
+        Stored { arena, block, len }
+    }
+
+    /// Where the read states are now, and how many.
+    pub(crate) fn place(&self) -> (Block, usize) {
+        (self.block, self.len)
+    }
+}
+
+impl Deref for Stored<'_> {
+    type Target = [ReadState];
+
+    fn deref(&self) -> &[ReadState] {
+        self.arena.get(self.block, self.len)
+    }
+}
+
+impl DerefMut for Stored<'_> {
+    fn deref_mut(&mut self) -> &mut [ReadState] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        &mut self.arena.block_mut(self.block, self.len)[..self.len]
+    }
+}
+
+impl Entries for Stored<'_> {
+    fn insert(&mut self, index: usize, entry: ReadState) {
+        let len = self.len;
+        if len == 0 {
+            self.block = self.arena.put(Block::EMPTY, 0, &[entry]);
+        } else if class_of(len + 1) == class_of(len) {
+            let block = self.arena.block_mut(self.block, len);
+            block.copy_within(index..len, index + 1);
+            block[index] = entry;
+        } else {
+            self.block = self.arena.relocate(self.block, len, len + 1, |old, new| {
+                new[..index].copy_from_slice(&old[..index]);
+                new[index] = entry;
+                new[index + 1..].copy_from_slice(&old[index..]);
+            });
+        }
+        self.len += 1;
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&ReadState) -> bool) {
+        let entries = self.deref_mut();
+        let mut kept = 0;
+        for read in 0..entries.len() {
+            if keep(&entries[read]) {
+                entries[kept] = entries[read];
+                kept += 1;
+            }
+        }
+        let len = self.len;
+        if kept == 0 {
+            self.clear();
+        } else if class_of(kept) != class_of(len) {
+            self.block = self.arena.relocate(self.block, len, kept, |old, new| {
+                new.copy_from_slice(&old[..kept]);
+            });
+        }
+        self.len = kept;
+    }
+
+    fn clear(&mut self) {
+        self.arena.free(self.block, self.len);
+        self.block = Block::EMPTY;
+        self.len = 0;
     }
 }
 
@@ -185,6 +322,10 @@ mod tests {
         assert_eq!(class_of(16), 15);
         assert_eq!(CAPACITIES[class_of(19)], 20);
         assert_eq!(class_of(u32::MAX as usize), CLASSES - 1);
+        for len in 1..3000 {
+            let searched = CAPACITIES.partition_point(|&cap| (cap as usize) < len);
+            assert_eq!(class_of(len), searched, "{len}");
+        }
     }
 
     #[test]
@@ -221,5 +362,44 @@ mod tests {
             arena.put(Block::EMPTY, 0, &states(len, 0));
         }
         assert_eq!(arena.classes.iter().map(|c| c.made).sum::<u32>(), made);
+    }
+
+    #[test]
+    fn stored_read_states_change_in_place_like_a_vec() {
+        let mut arena = Arena::default();
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut model: Vec<ReadState> = Vec::new();
+        let (mut block, mut len) = (Block::EMPTY, 0);
+        // Another user between, so that a relocation is visible if wrong.
+        let other = arena.put(Block::EMPTY, 0, &states(17, 99));
+        for step in 0..2_000u64 {
+            let mut stored = Stored::new(&mut arena, block, len);
+            match rng.u8(..10) {
+                0..=6 => {
+                    let index = rng.usize(..=model.len());
+                    let entry = ReadState {
+                        last_acked_id: step,
+                        ..ReadState::new(Key::channel(step))
+                    };
+                    Entries::insert(&mut model, index, entry);
+                    stored.insert(index, entry);
+                }
+                7..=8 => {
+                    let modulus = rng.u64(2..5);
+                    Entries::retain(&mut model, |e| e.last_acked_id % modulus != 0);
+                    stored.retain(|e| e.last_acked_id % modulus != 0);
+                }
+                _ => {
+                    if let Some(entry) = stored.first_mut() {
+                        entry.unread_count += 1;
+                        model[0].unread_count += 1;
+                    }
+                }
+            }
+            assert_eq!(&stored[..], &model[..], "step {step}");
+            (block, len) = stored.place();
+        }
+        Stored::new(&mut arena, block, len).clear();
+        assert_eq!(arena.get(other, 17), &states(17, 99)[..]);
     }
 }

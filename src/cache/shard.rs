@@ -6,8 +6,7 @@
 //! and the queues, and hands out snapshots for the writer to write.
 //!
 //! Users are stored packed (see [`super::users`] and [`super::arena`]); the
-//! domain works on one user at a time unpacked into the shard's scratch
-//! space, and what it changed is packed back.
+//! domain reads and changes their read states where they are stored.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -16,9 +15,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
-use super::arena::Arena;
+use super::arena::{Arena, Block, Stored};
 use super::users::{CachedUser, Flags, Slot, Users};
-use crate::read_state::{Header, ReadState, UserReadStates};
+use crate::read_state::{Entries, UserReadStates, UserView};
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
 
@@ -88,9 +87,6 @@ pub(crate) struct Shard {
     users: Users,
     /// The users' read states.
     arena: Arena,
-    /// Where a user's read states are unpacked for the domain to work on
-    /// (kept, so that unpacking allocates nothing).
-    scratch: Vec<ReadState>,
     /// Read states (and tombstones) of cached users, see
     /// [`CachedUser::weight`].
     read_states: usize,
@@ -101,9 +97,9 @@ pub(crate) struct Shard {
     evicted: HashSet<u64>,
     /// Users being loaded from the store; late requests wait on the same load.
     pub(crate) loading: HashMap<u64, Loading>,
-    /// Requests holding each pinned user (flagged `PINNED`) from its load to
-    /// its change (see `Cache::update_many`); few at any time.
-    pins: HashMap<u64, u32>,
+    /// Pins of users beyond the `u16::MAX` their record counts (see
+    /// [`CachedUser::pins`]): an entry only while that is full.
+    pins_beyond: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
     delayed: VecDeque<(Instant, u64)>,
@@ -133,12 +129,11 @@ impl Shard {
         Shard {
             users: Users::new(),
             arena: Arena::default(),
-            scratch: Vec::new(),
             read_states: 0,
             capacity,
             evicted: HashSet::new(),
             loading: HashMap::new(),
-            pins: HashMap::new(),
+            pins_beyond: HashMap::new(),
             delayed: VecDeque::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
@@ -170,47 +165,39 @@ impl Shard {
         Some(slot)
     }
 
-    /// A user's read states, unpacked into the scratch space; give them
-    /// back with [`Shard::pack`] or [`Shard::give_back`].
-    fn unpack(&mut self, slot: Slot) -> UserReadStates {
+    /// A user's read states, where they are.
+    fn view(&self, slot: Slot) -> UserView<'_> {
         let user = self.users.get(slot);
-        let header = Header {
-            version: user.version,
-            written_version: user.written_version,
-            delta_floor: user.delta_floor,
-            clear_pending: user.is(Flags::CLEAR_PENDING),
-        };
-        let mut entries = std::mem::take(&mut self.scratch);
-        entries.clear();
-        entries.extend_from_slice(self.arena.get(user.block, user.len as usize));
-        UserReadStates::from_parts(header, entries)
+        UserView::new(user.header(), self.arena.get(user.block, user.len as usize))
     }
 
-    /// Stores a user's read states back, changed.
-    fn pack(&mut self, slot: Slot, states: UserReadStates) {
-        let (header, entries) = states.into_parts();
+    /// Runs `f` on a user's read states where they are stored, then keeps
+    /// the user's record in step with what it changed.
+    fn with_states<R>(
+        &mut self,
+        slot: Slot,
+        f: impl FnOnce(&mut UserReadStates<Stored<'_>>) -> R,
+    ) -> R {
+        let user = self.users.get(slot);
+        let (header, block, len) = (user.header(), user.block, user.len as usize);
+        let mut states =
+            UserReadStates::from_parts(header, Stored::new(&mut self.arena, block, len));
+        let result = f(&mut states);
+        let (header, stored) = states.into_parts();
+        let (block, len) = stored.place();
         let user = self.users.get_mut(slot);
-        user.block = self.arena.put(user.block, user.len as usize, &entries);
-        user.len = entries.len() as u32;
-        user.version = header.version;
-        user.written_version = header.written_version;
-        user.delta_floor = header.delta_floor;
-        user.flags.set(Flags::CLEAR_PENDING, header.clear_pending);
-        self.scratch = entries;
-    }
-
-    /// Takes back the scratch space of read states not changed.
-    fn give_back(&mut self, states: UserReadStates) {
-        self.scratch = states.into_parts().1;
+        user.set_header(header);
+        (user.block, user.len) = (block, len as u32);
+        result
     }
 
     /// Drops a user and its read states.
     fn forget(&mut self, slot: Slot) {
         let user = self.users.remove(slot);
-        if user.is(Flags::PINNED) {
+        if user.pins == u16::MAX {
             // Let go while pinned (a release): the pins' holders see that
             // by the slot's generation.
-            self.pins.remove(&user.user_id);
+            self.pins_beyond.remove(&user.user_id);
         }
         self.arena.free(user.block, user.len as usize);
     }
@@ -223,16 +210,9 @@ impl Shard {
 
     /// Runs `f` on a held user (promoting it in the LRU); `None` if the user
     /// is not held.
-    pub(crate) fn read<R>(
-        &mut self,
-        user_id: u64,
-        f: impl FnOnce(&UserReadStates) -> R,
-    ) -> Option<R> {
+    pub(crate) fn read<R>(&mut self, user_id: u64, f: impl FnOnce(&UserView) -> R) -> Option<R> {
         let slot = self.hold(user_id)?;
-        let states = self.unpack(slot);
-        let result = f(&states);
-        self.give_back(states);
-        Some(result)
+        Some(f(&self.view(slot)))
     }
 
     /// Counts one request's first look at a user.
@@ -251,24 +231,24 @@ impl Shard {
         &mut self,
         user_id: u64,
         write_delay: Duration,
-        f: impl FnOnce(&mut UserReadStates) -> R,
+        f: impl FnOnce(&mut UserReadStates<Stored<'_>>) -> R,
     ) -> Option<R> {
         let slot = self.hold(user_id)?;
-        let mut states = self.unpack(slot);
-        let (len, unwritten, version) =
-            (weight(&states), states.unwritten_count(), states.version());
-        let result = f(&mut states);
-        if states.version() == version {
-            self.give_back(states);
+        let watched = self.users.get(slot).is(Flags::WATCHED);
+        let (result, changed) = self.with_states(slot, |states| {
+            let (len, unwritten, version) =
+                (weight(states), states.unwritten_count(), states.version());
+            let result = f(states);
+            if states.version() == version {
+                return (result, None);
+            }
+            let change = watched.then(|| Change::since(user_id, &*states, version));
+            let after = (weight(states), states.unwritten_count());
+            (result, Some(((len, unwritten), after, change)))
+        });
+        let Some(((len, unwritten), (new_len, new_unwritten), change)) = changed else {
             return Some(result);
-        }
-        let change = self
-            .users
-            .get(slot)
-            .is(Flags::WATCHED)
-            .then(|| Change::since(user_id, &states, version));
-        let (new_len, new_unwritten) = (weight(&states), states.unwritten_count());
-        self.pack(slot, states);
+        };
         let user = self.users.get(slot);
         // Also while a write is in flight: the change waits its own delay
         // rather than riding straight after, or a hot user would be written
@@ -303,9 +283,7 @@ impl Shard {
     /// from `since`. `None` if the user is not held.
     pub(crate) fn subscribe(&mut self, user_id: u64, feed: &Arc<Feed>, since: u64) -> Option<()> {
         let slot = self.hold(user_id)?;
-        let states = self.unpack(slot);
-        let change = Change::since(user_id, &states, since);
-        self.give_back(states);
+        let change = Change::since(user_id, self.view(slot), since);
         let version = change.version;
         let subscribers = self.watchers.entry(user_id).or_default();
         subscribers.retain(|s| !Arc::ptr_eq(&s.feed, feed));
@@ -368,7 +346,7 @@ impl Shard {
         }
     }
 
-    /// Pins a held user (see [`Shard::pins`]); false if it is not held.
+    /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
     pub(crate) fn pin(&mut self, user_id: u64) -> bool {
         match self.hold(user_id) {
             Some(slot) => {
@@ -380,12 +358,30 @@ impl Shard {
     }
 
     fn add_pins(&mut self, slot: Slot, pins: u32) {
-        if pins == 0 {
-            return;
-        }
         let user = self.users.get_mut(slot);
-        user.flags.set(Flags::PINNED, true);
-        *self.pins.entry(user.user_id).or_default() += pins;
+        let total = u32::from(user.pins) + pins;
+        user.pins = u16::try_from(total).unwrap_or(u16::MAX);
+        if let Some(beyond) = total.checked_sub(u32::from(u16::MAX))
+            && beyond > 0
+        {
+            *self.pins_beyond.entry(user.user_id).or_default() += beyond;
+        }
+    }
+
+    /// Takes one pin off a user; whether it is pinned no more.
+    fn remove_pin(&mut self, slot: Slot) -> bool {
+        let user = self.users.get_mut(slot);
+        if user.pins == u16::MAX
+            && let Some(beyond) = self.pins_beyond.get_mut(&user.user_id)
+        {
+            *beyond -= 1;
+            if *beyond == 0 {
+                self.pins_beyond.remove(&user.user_id);
+            }
+            return false;
+        }
+        user.pins = user.pins.saturating_sub(1);
+        user.pins == 0
     }
 
     /// Pins a user that is being loaded: the load hands the pin to the user
@@ -415,14 +411,11 @@ impl Shard {
         let Some(slot) = self.users.find(user_id) else {
             return;
         };
-        if !self.users.get(slot).is(Flags::PINNED) {
+        let user = self.users.get(slot);
+        if user.is(Flags::EVICTED) {
             return;
         }
-        let pins = self.pins.entry(user_id).or_default();
-        *pins = pins.saturating_sub(1);
-        if *pins == 0 {
-            self.pins.remove(&user_id);
-            self.users.get_mut(slot).flags.set(Flags::PINNED, false);
+        if self.remove_pin(slot) {
             self.evict_over_capacity(slot);
         }
     }
@@ -440,10 +433,13 @@ impl Shard {
         let mut user = CachedUser::new(user_id);
         let watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
         user.flags.set(Flags::WATCHED, watched);
+        self.read_states += weight(&states);
+        let (header, entries) = states.into_parts();
+        user.set_header(header);
+        user.block = self.arena.put(Block::EMPTY, 0, &entries);
+        user.len = entries.len() as u32;
         let slot = self.users.insert(user);
         self.add_pins(slot, pins);
-        self.read_states += weight(&states);
-        self.pack(slot, states);
         self.evict_over_capacity(slot);
     }
 
@@ -459,7 +455,7 @@ impl Shard {
                 break;
             };
             let user = self.users.get(oldest);
-            if oldest == keep || user.is(Flags::PINNED) {
+            if oldest == keep || user.pins > 0 {
                 spared += 1;
                 if spared >= self.users.linked() {
                     break;
@@ -562,9 +558,7 @@ impl Shard {
             return None;
         }
         self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, true);
-        let states = self.unpack(slot);
-        let write = UserWrite::of(user_id, &states);
-        self.give_back(states);
+        let write = UserWrite::of(user_id, self.view(slot));
         self.in_flight.insert(user_id);
         Some(write)
     }
@@ -594,18 +588,18 @@ impl Shard {
             return;
         };
         let evicted = self.users.get(slot).is(Flags::EVICTED);
-        let mut states = self.unpack(slot);
-        let (len, unwritten) = (weight(&states), states.unwritten_count());
-        if let Some(version) = version {
-            states.mark_written(version);
-            // An evicted user keeps its weight until it leaves.
-            if !evicted {
-                states.prune_tombstones(now_us);
+        let ((len, unwritten), (new_len, new_unwritten)) = self.with_states(slot, |states| {
+            let before = (weight(states), states.unwritten_count());
+            if let Some(version) = version {
+                states.mark_written(version);
+                // An evicted user keeps its weight until it leaves.
+                if !evicted {
+                    states.prune_tombstones(now_us);
+                }
             }
-        }
-        let (new_len, new_unwritten) = (weight(&states), states.unwritten_count());
-        let still_unwritten = states.has_unwritten();
-        self.pack(slot, states);
+            (before, (weight(states), states.unwritten_count()))
+        });
+        let still_unwritten = self.users.get(slot).has_unwritten();
         let now_ms = (still_unwritten && version.is_some()).then(|| self.millis(Instant::now()));
         let user = self.users.get_mut(slot);
         // An evicted user stays while a write-behind write of it is under
@@ -761,6 +755,41 @@ impl Shard {
 }
 
 /// What a user counts against capacity (see [`CachedUser::weight`]).
-fn weight(states: &UserReadStates) -> usize {
+fn weight<E: Entries>(states: &UserReadStates<E>) -> usize {
     states.len().max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read_state::Key;
+
+    fn user_with(channels: u64) -> UserReadStates {
+        let mut user = UserReadStates::default();
+        for channel_id in 1..=channels {
+            user.ack(Key::channel(channel_id), 10, 1);
+        }
+        user.mark_written(user.version());
+        user
+    }
+
+    #[test]
+    fn a_user_pinned_more_than_its_record_counts_stays_until_the_last_pin() {
+        let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)));
+        let pins = u32::from(u16::MAX) + 5;
+        shard.insert_loaded(1, user_with(10), pins);
+        for _ in 1..pins {
+            shard.unpin(1, None);
+        }
+        // Another user pushes the shard over capacity: the pinned one stays.
+        shard.insert_loaded(2, user_with(10), 0);
+        assert!(shard.read(1, |_| ()).is_some(), "still pinned");
+        shard.unpin(1, None);
+        shard.insert_loaded(3, user_with(10), 0);
+        assert!(
+            shard.read(1, |_| ()).is_none(),
+            "evicted after the last pin"
+        );
+        assert!(shard.pins_beyond.is_empty());
+    }
 }

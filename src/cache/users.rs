@@ -9,6 +9,7 @@
 use hashbrown::HashTable;
 
 use super::arena::Block;
+use crate::read_state::Header;
 
 /// No record: the end of the LRU list.
 const NIL: u32 = u32::MAX;
@@ -30,6 +31,10 @@ pub(crate) struct CachedUser {
     pub(crate) since_ms: u32,
     prev: u32,
     next: u32,
+    /// Requests that hold it from their load to their change (see
+    /// `Cache::update_many`): it is not evicted while pinned. At `u16::MAX`
+    /// the shard counts the rest (see `Shard::pins_beyond`).
+    pub(crate) pins: u16,
     pub(crate) flags: Flags,
 }
 
@@ -52,9 +57,6 @@ impl Flags {
     pub(crate) const EVICTED: Flags = Flags(1 << 4);
     /// A "delete all" at `delta_floor` is not written yet.
     pub(crate) const CLEAR_PENDING: Flags = Flags(1 << 5);
-    /// Requests hold it from their load to their change (their count is in
-    /// `Shard::pins`): it is not evicted.
-    pub(crate) const PINNED: Flags = Flags(1 << 6);
 
     pub(crate) fn has(self, flag: Flags) -> bool {
         self.0 & flag.0 != 0
@@ -81,12 +83,29 @@ impl CachedUser {
             since_ms: 0,
             prev: NIL,
             next: NIL,
+            pins: 0,
             flags: Flags::default(),
         }
     }
 
     pub(crate) fn is(&self, flag: Flags) -> bool {
         self.flags.has(flag)
+    }
+
+    pub(crate) fn header(&self) -> Header {
+        Header {
+            version: self.version,
+            written_version: self.written_version,
+            delta_floor: self.delta_floor,
+            clear_pending: self.is(Flags::CLEAR_PENDING),
+        }
+    }
+
+    pub(crate) fn set_header(&mut self, header: Header) {
+        self.version = header.version;
+        self.written_version = header.written_version;
+        self.delta_floor = header.delta_floor;
+        self.flags.set(Flags::CLEAR_PENDING, header.clear_pending);
     }
 
     /// Has changes the store does not hold yet.
