@@ -209,8 +209,13 @@ pub struct UserReadStates<E = Vec<ReadState>> {
     /// `delta_floor`, which nothing raises until it is written (tombstones
     /// are pruned only up to `written_version`).
     clear_pending: bool,
-    /// Entries with `version > written_version`.
-    unwritten: u32,
+    /// Entries with `version > written_version`, once counted: a user put
+    /// together from its parts is counted only if asked (a change needs only
+    /// `unwritten_change`, and counting would read every entry).
+    unwritten: Option<u32>,
+    /// How much [`Self::unwritten_count`] changed since the user was put
+    /// together.
+    unwritten_change: isize,
     /// Live read states and tombstones, sorted by key.
     entries: E,
 }
@@ -234,7 +239,8 @@ impl UserReadStates {
             written_version: version,
             delta_floor,
             clear_pending: false,
-            unwritten: 0,
+            unwritten: Some(0),
+            unwritten_change: 0,
             entries,
         }
     }
@@ -249,7 +255,8 @@ impl<E: Entries> UserReadStates<E> {
             written_version: written,
             delta_floor: header.delta_floor,
             clear_pending: header.clear_pending,
-            unwritten: entries.iter().filter(|e| e.version > written).count() as u32,
+            unwritten: None,
+            unwritten_change: 0,
             entries,
         }
     }
@@ -308,7 +315,17 @@ impl<E: Entries> UserReadStates<E> {
     /// pending "delete all" as one more, so that a wipe waiting for the
     /// store counts as unwritten like any other change.
     pub fn unwritten_count(&self) -> usize {
-        self.unwritten as usize + usize::from(self.clear_pending)
+        let entries = match self.unwritten {
+            Some(count) => count as usize,
+            None => self.unwritten_entries().count(),
+        };
+        entries + usize::from(self.clear_pending)
+    }
+
+    /// How much [`Self::unwritten_count`] changed since the user was put
+    /// together (from the store or from its parts).
+    pub fn unwritten_change(&self) -> isize {
+        self.unwritten_change
     }
 
     /// See [`UserView::get`].
@@ -508,11 +525,13 @@ impl<E: Entries> UserReadStates<E> {
         if self.entries.is_empty() {
             return 0;
         }
+        let before = self.unwritten_count();
         let version = self.next_version(now_us);
         self.entries.clear();
-        self.unwritten = 0;
+        self.unwritten = Some(0);
         self.delta_floor = version;
         self.clear_pending = true;
+        self.unwritten_change += 1 - before as isize;
         live
     }
 
@@ -531,9 +550,11 @@ impl<E: Entries> UserReadStates<E> {
         if version <= self.written_version {
             return;
         }
+        let before = self.unwritten_count();
         self.written_version = version;
         self.clear_pending &= self.delta_floor > version;
-        self.unwritten = self.unwritten_entries().count() as u32;
+        self.unwritten = Some(self.unwritten_entries().count() as u32);
+        self.unwritten_change += self.unwritten_count() as isize - before as isize;
     }
 
     /// Drops written tombstones that are too old or too many, raising the
@@ -621,7 +642,10 @@ impl<E: Entries> UserReadStates<E> {
             }
         };
         if !was_unwritten {
-            self.unwritten += 1;
+            if let Some(count) = &mut self.unwritten {
+                *count += 1;
+            }
+            self.unwritten_change += 1;
         }
         let entry = &mut self.entries[index];
         update(entry);

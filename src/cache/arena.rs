@@ -162,6 +162,19 @@ impl Arena {
         block
     }
 
+    fn locate(&self, block: Block, len: usize) -> Option<Location> {
+        if len == 0 {
+            return None;
+        }
+        let class = class_of(len);
+        let (chunk, range) = self.classes[class].range(block);
+        Some(Location {
+            class,
+            chunk,
+            start: range.start,
+        })
+    }
+
     /// The whole block of a user holding `len` (at least 1) read states.
     fn block_mut(&mut self, block: Block, len: usize) -> &mut [ReadState] {
         let class = &mut self.classes[class_of(len)];
@@ -218,16 +231,38 @@ pub struct Stored<'a> {
     arena: &'a mut Arena,
     block: Block,
     len: usize,
+    /// Where `block` is (`None` when empty), found once rather than on
+    /// every access the domain makes.
+    at: Option<Location>,
+}
+
+/// Where a block is in the arena.
+#[derive(Clone, Copy, Debug)]
+struct Location {
+    class: usize,
+    chunk: usize,
+    start: usize,
 }
 
 impl<'a> Stored<'a> {
     pub(crate) fn new(arena: &'a mut Arena, block: Block, len: usize) -> Stored<'a> {
-        Stored { arena, block, len }
+        let at = arena.locate(block, len);
+        Stored {
+            arena,
+            block,
+            len,
+            at,
+        }
     }
 
     /// Where the read states are now, and how many.
     pub(crate) fn place(&self) -> (Block, usize) {
         (self.block, self.len)
+    }
+
+    fn moved(&mut self, block: Block, len: usize) {
+        (self.block, self.len) = (block, len);
+        self.at = self.arena.locate(block, len);
     }
 }
 
@@ -235,36 +270,44 @@ impl Deref for Stored<'_> {
     type Target = [ReadState];
 
     fn deref(&self) -> &[ReadState] {
-        self.arena.get(self.block, self.len)
+        match self.at {
+            Some(at) => {
+                &self.arena.classes[at.class].chunks[at.chunk][at.start..at.start + self.len]
+            }
+            None => &[],
+        }
     }
 }
 
 impl DerefMut for Stored<'_> {
     fn deref_mut(&mut self) -> &mut [ReadState] {
-        if self.len == 0 {
-            return &mut [];
+        match self.at {
+            Some(at) => {
+                &mut self.arena.classes[at.class].chunks[at.chunk][at.start..at.start + self.len]
+            }
+            None => &mut [],
         }
-        &mut self.arena.block_mut(self.block, self.len)[..self.len]
     }
 }
 
 impl Entries for Stored<'_> {
     fn insert(&mut self, index: usize, entry: ReadState) {
         let len = self.len;
-        if len == 0 {
-            self.block = self.arena.put(Block::EMPTY, 0, &[entry]);
+        let block = if len == 0 {
+            self.arena.put(Block::EMPTY, 0, &[entry])
         } else if class_of(len + 1) == class_of(len) {
             let block = self.arena.block_mut(self.block, len);
             block.copy_within(index..len, index + 1);
             block[index] = entry;
+            self.block
         } else {
-            self.block = self.arena.relocate(self.block, len, len + 1, |old, new| {
+            self.arena.relocate(self.block, len, len + 1, |old, new| {
                 new[..index].copy_from_slice(&old[..index]);
                 new[index] = entry;
                 new[index + 1..].copy_from_slice(&old[index..]);
-            });
-        }
-        self.len += 1;
+            })
+        };
+        self.moved(block, len + 1);
     }
 
     fn retain(&mut self, mut keep: impl FnMut(&ReadState) -> bool) {
@@ -280,17 +323,18 @@ impl Entries for Stored<'_> {
         if kept == 0 {
             self.clear();
         } else if class_of(kept) != class_of(len) {
-            self.block = self.arena.relocate(self.block, len, kept, |old, new| {
+            let block = self.arena.relocate(self.block, len, kept, |old, new| {
                 new.copy_from_slice(&old[..kept]);
             });
+            self.moved(block, kept);
+        } else {
+            self.len = kept;
         }
-        self.len = kept;
     }
 
     fn clear(&mut self) {
         self.arena.free(self.block, self.len);
-        self.block = Block::EMPTY;
-        self.len = 0;
+        self.moved(Block::EMPTY, 0);
     }
 }
 

@@ -236,17 +236,16 @@ impl Shard {
         let slot = self.hold(user_id)?;
         let watched = self.users.get(slot).is(Flags::WATCHED);
         let (result, changed) = self.with_states(slot, |states| {
-            let (len, unwritten, version) =
-                (weight(states), states.unwritten_count(), states.version());
+            let (len, version) = (weight(states), states.version());
             let result = f(states);
             if states.version() == version {
                 return (result, None);
             }
             let change = watched.then(|| Change::since(user_id, &*states, version));
-            let after = (weight(states), states.unwritten_count());
-            (result, Some(((len, unwritten), after, change)))
+            let after = (weight(states), states.unwritten_change());
+            (result, Some((len, after, change)))
         });
-        let Some(((len, unwritten), (new_len, new_unwritten), change)) = changed else {
+        let Some((len, (new_len, unwritten_change), change)) = changed else {
             return Some(result);
         };
         let user = self.users.get(slot);
@@ -266,7 +265,7 @@ impl Shard {
         }
         user.flags.set(Flags::QUEUED, true);
         self.read_states = self.read_states + new_len - len;
-        self.adjust_unwritten(unwritten, new_unwritten);
+        self.adjust_unwritten(unwritten_change);
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             self.delayed.push_back((now + write_delay, user_id));
@@ -588,8 +587,8 @@ impl Shard {
             return;
         };
         let evicted = self.users.get(slot).is(Flags::EVICTED);
-        let ((len, unwritten), (new_len, new_unwritten)) = self.with_states(slot, |states| {
-            let before = (weight(states), states.unwritten_count());
+        let (len, new_len, unwritten_change) = self.with_states(slot, |states| {
+            let len = weight(states);
             if let Some(version) = version {
                 states.mark_written(version);
                 // An evicted user keeps its weight until it leaves.
@@ -597,7 +596,7 @@ impl Shard {
                     states.prune_tombstones(now_us);
                 }
             }
-            (before, (weight(states), states.unwritten_count()))
+            (len, weight(states), states.unwritten_change())
         });
         let still_unwritten = self.users.get(slot).has_unwritten();
         let now_ms = (still_unwritten && version.is_some()).then(|| self.millis(Instant::now()));
@@ -616,7 +615,7 @@ impl Shard {
         if requeue {
             user.flags.set(Flags::QUEUED, true);
         }
-        self.adjust_unwritten(unwritten, new_unwritten);
+        self.adjust_unwritten(unwritten_change);
         if evicted {
             if !still_unwritten && !in_flight {
                 self.evicted.remove(&user_id);
@@ -749,8 +748,8 @@ impl Shard {
         std::mem::take(&mut self.wake)
     }
 
-    fn adjust_unwritten(&mut self, before: usize, after: usize) {
-        self.unwritten = self.unwritten + after - before;
+    fn adjust_unwritten(&mut self, change: isize) {
+        self.unwritten = self.unwritten.saturating_add_signed(change);
     }
 }
 

@@ -587,3 +587,36 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_user_put_together_from_its_parts_tracks_how_its_unwritten_count_changes() {
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut user = UserReadStates::default();
+    for channel_id in 1..=30 {
+        user.message_created(Key::channel(channel_id), 100, false, channel_id);
+    }
+    user.mark_written(15);
+    let (header, entries) = user.clone().into_parts();
+    let mut parts = UserReadStates::from_parts(header, entries);
+    let start = user.unwritten_count();
+    assert_eq!(parts.unwritten_count(), start, "counted when asked");
+    for step in 0..500u64 {
+        let key = Key::channel(rng.u64(1..=40));
+        let now = 1_000 + step;
+        match rng.u8(..6) {
+            0 => drop(parts.ack(key, 200 + step, now)),
+            1 => drop(parts.message_created(key, 300 + step, true, now)),
+            2 => drop(parts.delete(&[key], now)),
+            3 if rng.u8(..20) == 0 => drop(parts.delete_all(now)),
+            4 => parts.mark_written(parts.version() - rng.u64(0..3).min(parts.version())),
+            _ => drop(parts.set_muted(key, rng.bool(), now)),
+        }
+        let counted =
+            UserReadStates::from_parts(parts.view().header(), parts.clone().into_parts().1);
+        assert_eq!(
+            start as isize + parts.unwritten_change(),
+            counted.unwritten_count() as isize,
+            "step {step}"
+        );
+    }
+}
