@@ -6,10 +6,13 @@
 //! `naive` it measures the obvious alternative instead: one
 //! `lru::LruCache<(user, channel), state>` entry per read state.
 //!
+//! With `grown` the users are loaded empty and get their read states from
+//! one change each (as a BulkAck of every channel makes them over gRPC).
+//!
 //! With `deletions` it measures instead the MessageDeleted dedup window
 //! holding USERS applied deletions (its memory bound is a count of them).
 //!
-//! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive]
+//! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive|grown]
 //! cargo run --release --example footprint -- [COUNT] deletions
 
 use std::sync::Arc;
@@ -80,7 +83,7 @@ fn naive(users: u64, channels: u64) -> usize {
     len
 }
 
-async fn ours(users: u64, channels: u64) -> usize {
+async fn ours(users: u64, channels: u64, grown: bool) -> usize {
     let cache = Cache::new(
         CacheConfig {
             // Headroom, so that uneven shards evict nobody.
@@ -90,12 +93,25 @@ async fn ours(users: u64, channels: u64) -> usize {
             max_evicted_unwritten: usize::MAX,
             write_concurrency: 32,
         },
-        Arc::new(MadeUpStore { channels }),
+        Arc::new(MadeUpStore {
+            channels: if grown { 0 } else { channels },
+        }),
     );
     for user_id in 1..=users {
         // Snowflake-like ids, as in production.
         let user_id = (user_id << 22) | 7;
-        cache.read(user_id, |user| user.len()).await.expect("load");
+        if grown {
+            cache
+                .update(user_id, |user, now| {
+                    for channel_id in 1..=channels {
+                        user.ack(Key::channel(channel_id << 22), channel_id << 22, now);
+                    }
+                })
+                .await
+                .expect("change");
+        } else {
+            cache.read(user_id, |user| user.len()).await.expect("load");
+        }
     }
     let held = cache.stats_read_states();
     std::mem::forget(cache); // measured, not freed
@@ -138,12 +154,13 @@ async fn main() {
     }
     let channels: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let is_naive = args.iter().any(|a| a == "naive");
+    let grown = args.iter().any(|a| a == "grown");
 
     let before = resident_bytes();
     let held = if is_naive {
         naive(users, channels)
     } else {
-        ours(users, channels).await
+        ours(users, channels, grown).await
     };
     let grown = resident_bytes().saturating_sub(before);
     println!(

@@ -27,7 +27,7 @@ for per_user in $PER_USER; do
     users=$((READ_STATES / per_user))
     # The standard workload's keyspace, resized; the measured second only
     # reads badge counts, so it adds nothing.
-    sed -e "s/^users = .*/users = $users/" \
+    sed -e "0,/^users = .*/s//users = $users/" \
         -e "s/^channels_per_user = .*/channels_per_user = $per_user/" \
         -e "s/^get_read_states = .*/get_read_states = 0/" \
         -e "s/^ack = .*/ack = 0/" -e "s/^bulk_ack = .*/bulk_ack = 0/" \
@@ -39,6 +39,7 @@ for per_user in $PER_USER; do
         "$build" serve --store memory --write-delay 1h --cache-capacity $((READ_STATES * 2)) \
             --listen "$GRPC" --metrics-listen "$METRICS" --log-level warn 2>>"$OUT/readstates.log" &
         pid=$!
+        trap 'kill $pid 2>/dev/null || true' EXIT
         sleep 1
         before=$(rss_kib "$pid")
         "$LT" run --workload "$OUT/workload.toml" --target "readstates=grpc://$GRPC" \

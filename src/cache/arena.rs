@@ -5,8 +5,8 @@
 //! (ten read states, 400 bytes, take a 448-byte bin). Here a user with up to
 //! 16 read states gets a block of exactly that many, larger users one at
 //! most an eighth too large, and a block is found from the user's length
-//! alone, so a user carries only a `u32` index. The arena grows a chunk at
-//! a time and never copies what it holds.
+//! alone, so a user carries only a `u32` index. Chunks hold at most
+//! [`CHUNK_BYTES`], so growing one never copies much under the shard lock.
 //!
 //! Freed blocks are reused by the next user of their class; chunks are kept
 //! (a shard refills what it evicted).
@@ -114,10 +114,16 @@ impl Class {
         }
         let full = self.per_chunk * self.capacity;
         if self.chunks.last().is_none_or(|chunk| chunk.len() == full) {
-            // Only the blocks written become resident.
-            self.chunks.push(Vec::with_capacity(full));
+            self.chunks.push(Vec::new());
         }
         let chunk = self.chunks.last_mut().expect("pushed above");
+        if chunk.len() == chunk.capacity() {
+            // Doubling, to at most a full chunk: what a chunk holds beyond
+            // its blocks is at most what they take (the allocator may make
+            // a whole allocation resident, used or not).
+            let grown = (chunk.capacity() * 2).clamp(self.capacity, full);
+            chunk.reserve_exact(grown - chunk.len());
+        }
         chunk.resize(chunk.len() + self.capacity, FILLER);
         self.made += 1;
         Block(self.made - 1)

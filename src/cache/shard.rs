@@ -28,6 +28,15 @@ struct Subscriber {
     version: u64,
 }
 
+/// A user to write at `due_ms` (the shard's millisecond clock): 12 bytes,
+/// one per user with unwritten changes.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
+struct Delayed {
+    due_ms: u32,
+    user_id: u64,
+}
+
 /// The result of a load shared by every request that waited for it.
 pub(crate) type LoadResult = Option<Result<(), LoadFailure>>;
 
@@ -102,7 +111,7 @@ pub(crate) struct Shard {
     pins_beyond: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
-    delayed: VecDeque<(Instant, u64)>,
+    delayed: VecDeque<Delayed>,
     /// Users to write as soon as possible (evicted, or changed while written).
     ready: VecDeque<u64>,
     /// Users with a write under way.
@@ -208,6 +217,13 @@ impl Shard {
         now.saturating_duration_since(self.epoch).as_millis() as u32
     }
 
+    /// [`Shard::millis`], rounded up: a deadline is never early.
+    fn millis_ceil(&self, at: Instant) -> u32 {
+        let since = at.saturating_duration_since(self.epoch);
+        (since.as_millis() as u32)
+            .wrapping_add(u32::from(!since.subsec_nanos().is_multiple_of(1_000_000)))
+    }
+
     /// Runs `f` on a held user (promoting it in the LRU); `None` if the user
     /// is not held.
     pub(crate) fn read<R>(&mut self, user_id: u64, f: impl FnOnce(&UserView) -> R) -> Option<R> {
@@ -268,7 +284,8 @@ impl Shard {
         self.adjust_unwritten(unwritten_change);
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
-            self.delayed.push_back((now + write_delay, user_id));
+            let due_ms = self.millis_ceil(now + write_delay);
+            self.delayed.push_back(Delayed { due_ms, user_id });
         }
         if let Some(change) = change {
             self.publish(change);
@@ -490,12 +507,16 @@ impl Shard {
             let user_id = if let Some(user_id) = self.ready.pop_front() {
                 user_id
             } else {
-                match self.delayed.front() {
-                    Some(&(deadline, user_id)) if deadline <= now => {
+                match self.delayed.front().copied() {
+                    Some(Delayed { due_ms, user_id }) => {
+                        let wait = due_ms.wrapping_sub(self.millis(now)) as i32;
+                        if wait > 0 {
+                            let wait = Duration::from_millis(wait as u64);
+                            return Due::Wait(Some(now + wait));
+                        }
                         self.delayed.pop_front();
                         user_id
                     }
-                    Some(&(deadline, _)) => return Due::Wait(Some(deadline)),
                     None => return Due::Wait(None),
                 }
             };
@@ -513,7 +534,7 @@ impl Shard {
     /// nothing left to write (written on eviction, or by write-through), so
     /// that the front is the oldest unwritten change.
     fn drop_stale_delayed(&mut self) {
-        while let Some(&(_, user_id)) = self.delayed.front() {
+        while let Some(&Delayed { user_id, .. }) = self.delayed.front() {
             if let Some(slot) = self.users.find(user_id) {
                 let user = self.users.get_mut(slot);
                 if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
@@ -716,8 +737,8 @@ impl Shard {
         let oldest_unwritten = self
             .delayed
             .front()
-            .map(|(_, id)| id)
-            .into_iter()
+            .map(|delayed| delayed.user_id)
+            .iter()
             .chain(self.ready.iter())
             .chain(self.in_flight.iter())
             .chain(self.evicted.iter())

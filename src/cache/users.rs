@@ -124,8 +124,8 @@ impl CachedUser {
 /// Where a user is in the slab.
 pub(crate) type Slot = u32;
 
-/// Records per slab chunk (64 KiB): the slab grows a chunk at a time, never
-/// copying what it holds.
+/// Records per slab chunk (56 KiB): the slab grows a chunk at a time, and
+/// never copies more than a chunk.
 const CHUNK: usize = 1024;
 
 /// One shard's users, cached and evicted.
@@ -191,8 +191,9 @@ impl Users {
             }
             None => {
                 if self.slab.last().is_none_or(|chunk| chunk.len() == CHUNK) {
-                    // Only the records written become resident.
-                    self.slab.push(Vec::with_capacity(CHUNK));
+                    // Grown by doubling to `CHUNK` (a power of two): the
+                    // allocator may make a whole allocation resident.
+                    self.slab.push(Vec::new());
                 }
                 let chunks = self.slab.len();
                 let chunk = self.slab.last_mut().expect("pushed above");
