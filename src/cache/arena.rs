@@ -114,13 +114,15 @@ impl Class {
         }
         let full = self.per_chunk * self.capacity;
         if self.chunks.last().is_none_or(|chunk| chunk.len() == full) {
-            self.chunks.push(Vec::new());
+            // The allocator may make a whole allocation resident, used or
+            // not: a class's first chunk grows as it fills (many classes
+            // hold a few users, or only users passing through on their way
+            // to a larger class); a class that filled one chunk is busy.
+            let capacity = if self.chunks.is_empty() { 0 } else { full };
+            self.chunks.push(Vec::with_capacity(capacity));
         }
         let chunk = self.chunks.last_mut().expect("pushed above");
         if chunk.len() == chunk.capacity() {
-            // Doubling, to at most a full chunk: what a chunk holds beyond
-            // its blocks is at most what they take (the allocator may make
-            // a whole allocation resident, used or not).
             let grown = (chunk.capacity() * 2).clamp(self.capacity, full);
             chunk.reserve_exact(grown - chunk.len());
         }
