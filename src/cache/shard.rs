@@ -770,6 +770,10 @@ impl Shard {
     }
 
     fn adjust_unwritten(&mut self, change: isize) {
+        debug_assert!(
+            self.unwritten as isize + change >= 0,
+            "unwritten miscounted"
+        );
         self.unwritten = self.unwritten.saturating_add_signed(change);
     }
 }
