@@ -13,7 +13,6 @@ mod arena;
 mod gate;
 mod pins;
 pub(crate) mod shard;
-pub use arena::Stored;
 mod users;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,6 +29,7 @@ use crate::error::Error;
 use crate::read_state::{UserReadStates, UserView};
 use crate::store::{Store, UserWrite};
 use crate::watch::Feed;
+pub use arena::Stored;
 use gate::ChangeGate;
 use pins::Pins;
 pub(crate) use shard::{Due, LoadFailure, Loading, Shard, ShardGauges, ShardStats};
@@ -74,7 +74,7 @@ pub struct Cache {
     wakers: Box<[Notify]>,
     store: Arc<dyn Store>,
     config: CacheConfig,
-    /// Read states in the shards' eviction buffers (each shard adds its part).
+    /// Read states of evicted-unwritten users (each shard adds its part).
     evicted_total: Arc<AtomicUsize>,
     /// Bounds the store writes under way (see `CacheConfig::write_concurrency`).
     write_permits: Arc<Semaphore>,
