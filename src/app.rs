@@ -1,6 +1,6 @@
 //! The one place where the parts are wired together: store, cache,
-//! write-behind, gRPC server (with health and reflection) and the metrics
-//! listener. [`Application::build`] binds, [`Application::start`] starts
+//! write-behind, gRPC server (with health and reflection, over TLS if
+//! configured) and the metrics listener. [`Application::build`] binds, [`Application::start`] starts
 //! ([`Running`]), and [`Running::stop`] stops in the documented order.
 
 use std::future::Future;
@@ -33,6 +33,7 @@ use crate::store::cassandra::{self, CassandraConfig, CassandraStore};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::instrumented::Instrumented;
 use crate::store::memory::MemoryStore;
+use crate::tls::{self, Tls};
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 
 /// In-flight requests get this long to finish once shutdown begins.
@@ -52,6 +53,8 @@ pub struct Application {
     cache: Arc<Cache>,
     /// Where the ring is kept, for a node of a fleet (`--node-id`).
     ring_store: Option<Arc<dyn RingStore>>,
+    /// The gRPC port's TLS (`--tls-cert`), also used to call other nodes.
+    tls: Option<Arc<Tls>>,
 }
 
 impl Application {
@@ -101,6 +104,7 @@ impl Application {
             Arc::new(Instrumented::new(store)),
             ownership,
         );
+        let tls = config.tls_files().map(Tls::load).transpose()?;
         let grpc = TcpListener::bind(config.listen).await?;
         let metrics = TcpListener::bind(config.metrics_listen).await?;
         Ok(Application {
@@ -109,6 +113,7 @@ impl Application {
             metrics,
             cache,
             ring_store,
+            tls,
         })
     }
 
@@ -141,6 +146,7 @@ impl Application {
             metrics: metrics_listener,
             cache,
             ring_store,
+            tls,
         } = self;
         let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
@@ -167,7 +173,7 @@ impl Application {
         // nodes' ReleaseSlots.
         let (member, follower) = match (ring_store, &config.node_id) {
             (Some(ring_store), Some(node_id)) => {
-                let peers = Arc::new(GrpcPeers::default());
+                let peers = Arc::new(GrpcPeers::new(tls.clone()));
                 let member = Member::new(
                     node_id.clone(),
                     ring_store,
@@ -187,14 +193,26 @@ impl Application {
             }
             _ => (None, None),
         };
-        let server = tokio::spawn(
-            Server::builder()
-                .add_service(health_service)
-                .add_service(reflection)
-                .add_service(ReadStatesServer::new(service))
-                .add_optional_service(member.map(|m| FleetServer::new(FleetService::new(m))))
-                .serve_with_incoming_shutdown(incoming(grpc), stop.clone().cancelled_owned()),
-        );
+        let router = Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(ReadStatesServer::new(service))
+            .add_optional_service(member.map(|m| FleetServer::new(FleetService::new(m))));
+        let stopped = stop.clone().cancelled_owned();
+        let (server, tls_reloader) = match tls {
+            None => (
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming(grpc), stopped)),
+                None,
+            ),
+            Some(tls) => {
+                let reloader = tls.clone().spawn_reloader(config.tls_poll, stop.clone());
+                let incoming = tls::incoming::incoming(grpc, tls, config.tls_handshake_timeout);
+                (
+                    tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+                    Some(reloader),
+                )
+            }
+        };
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             grpc = %grpc_addr,
@@ -203,6 +221,7 @@ impl Application {
             write_delay = ?config.write_delay,
             node = config.node_id.as_deref().unwrap_or("standalone"),
             advertise = config.advertise.as_deref().unwrap_or("-"),
+            tls = tls_reloader.is_some(),
             "serving"
         );
         Ok(Running {
@@ -215,6 +234,7 @@ impl Application {
             sampler,
             metrics_server,
             follower,
+            tls_reloader,
         })
     }
 }
@@ -234,6 +254,8 @@ pub struct Running {
     metrics_server: JoinHandle<std::io::Result<()>>,
     /// A fleet node's ring follower, stopped with `stop`.
     follower: Option<JoinHandle<()>>,
+    /// Reads the TLS files again now and then, stopped with `stop`.
+    tls_reloader: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -272,8 +294,11 @@ impl Running {
                 }
             },
         };
-        if let Some(follower) = self.follower.take() {
-            let _ = follower.await;
+        for task in [self.follower.take(), self.tls_reloader.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = task.await;
         }
         let report = self.write_behind.shutdown(self.shutdown_timeout).await;
         if report.unwritten > 0 {

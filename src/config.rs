@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::store::cassandra::CassandraConfig;
+use crate::tls::TlsFiles;
 
 /// The longest write delay taken: a change may wait this long in memory.
 pub const MAX_WRITE_DELAY: Duration = Duration::from_secs(24 * 3600);
@@ -337,6 +338,28 @@ settings! {
     #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     ring_poll: Duration = Duration::from_secs(1);
+    /// Serves gRPC over TLS with this PEM certificate chain (leaf first);
+    /// needs `tls_key`. Without it the port is plaintext.
+    #[arg(long, env = "READSTATES_TLS_CERT")]
+    tls_cert: Option<PathBuf> = None;
+    /// The certificate's PEM private key.
+    #[arg(long, env = "READSTATES_TLS_KEY")]
+    tls_key: Option<PathBuf> = None;
+    /// Requires client certificates signed by a CA in this PEM file (mTLS).
+    /// A fleet node also verifies the other nodes against it, and presents
+    /// its own certificate to them.
+    #[arg(long, env = "READSTATES_TLS_CLIENT_CA")]
+    tls_client_ca: Option<PathBuf> = None;
+    /// How long a client has to finish its TLS handshake before the
+    /// connection is closed (half-open handshakes cannot pile up).
+    #[arg(long, env = "READSTATES_TLS_HANDSHAKE_TIMEOUT", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    tls_handshake_timeout: Duration = Duration::from_secs(10);
+    /// How often the TLS files are read again: a changed certificate is
+    /// served to new connections without a restart.
+    #[arg(long, env = "READSTATES_TLS_POLL", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    tls_poll: Duration = Duration::from_secs(10);
 }
 
 impl Default for Config {
@@ -405,12 +428,41 @@ impl Config {
                 return refuse("ring_poll must be above 0");
             }
         }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return refuse("tls_cert and tls_key go together: a certificate and its key");
+            }
+            (None, None) if self.tls_client_ca.is_some() => {
+                return refuse("tls_client_ca needs tls_cert and tls_key: mTLS is TLS first");
+            }
+            (Some(_), Some(_)) => {
+                if self.node_id.is_some() && self.tls_client_ca.is_none() {
+                    return refuse(
+                        "a fleet node over TLS needs tls_client_ca: nodes call each other over \
+                         mTLS, verified against it",
+                    );
+                }
+                if self.tls_handshake_timeout.is_zero() || self.tls_poll.is_zero() {
+                    return refuse("tls_handshake_timeout and tls_poll must be above 0");
+                }
+            }
+            (None, None) => {}
+        }
         if self.shutdown_timeout.is_zero() {
             return refuse(
                 "shutdown_timeout must be above 0: shutdown would give up on every unwritten change",
             );
         }
         Ok(())
+    }
+
+    /// The TLS files, if the gRPC port serves TLS.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+        })
     }
 
     /// The Cassandra part, as the store takes it.

@@ -15,6 +15,8 @@
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
 //! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
+//! - [`tls`]: TLS and mTLS for the gRPC port and between nodes, with
+//!   certificates reloaded when their files change.
 //! - `test_support` (feature `test-support`): request builders for tests;
 //!   the conformance suite and the fault-injecting store sit in [`store`].
 //!
@@ -42,5 +44,6 @@ pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+pub mod tls;
 pub mod watch;
 pub mod write_behind;

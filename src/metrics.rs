@@ -35,6 +35,8 @@ pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
 pub const WATCHED_USERS: &str = "readstates_watched_users";
 pub const SLOTS: &str = "readstates_slots";
+pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
+pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 
 const LATENCY_BUCKETS: [f64; 16] = [
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,

@@ -1,9 +1,9 @@
 //! The other nodes of the fleet, as this node calls them: a lazily
-//! connected gRPC channel per address, shared by `ReleaseSlots` and by
-//! forwarded requests.
+//! connected gRPC channel per address (over mTLS when this node serves
+//! TLS), shared by `ReleaseSlots` and by forwarded requests.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,6 +12,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::ReleaseSlotsRequest;
 use crate::proto::fleet_client::FleetClient;
+use crate::tls::{Tls, connector};
 
 /// How long one `ReleaseSlots` call may take: the old owner answers once
 /// its users are written, which a slow store can hold up.
@@ -36,9 +37,18 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct GrpcPeers {
     channels: Mutex<HashMap<String, Channel>>,
+    /// With it, peers are called over mTLS (this node's own TLS settings).
+    tls: Option<Arc<Tls>>,
 }
 
 impl GrpcPeers {
+    pub fn new(tls: Option<Arc<Tls>>) -> GrpcPeers {
+        GrpcPeers {
+            channels: Mutex::default(),
+            tls,
+        }
+    }
+
     /// The channel to `address`, made on first use (connecting lazily, and
     /// again after a failure).
     pub fn channel(&self, address: &str) -> Result<Channel, String> {
@@ -46,11 +56,15 @@ impl GrpcPeers {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{address}"))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let channel = match &self.tls {
+            Some(tls) => connector::connect_lazy(&endpoint, tls.clone()),
+            None => endpoint.connect_lazy(),
+        };
         channels.insert(address.to_owned(), channel.clone());
         Ok(channel)
     }

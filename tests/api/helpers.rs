@@ -35,11 +35,7 @@ impl TestApp {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
-            .unwrap()
-            .connect()
-            .await
-            .expect("connect")
+        plaintext(self.addr).await
     }
 
     /// Every read state of `user_id` (`GetReadStates` with no filter).
@@ -80,15 +76,23 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(config: Config) -> TestApp {
+    spawn_app_connected(config, plaintext).await
+}
+
+/// [`spawn_app_with`], its client connected by `connect` (over TLS, say).
+pub async fn spawn_app_connected(
+    config: Config,
+    connect: impl AsyncFnOnce(SocketAddr) -> Channel,
+) -> TestApp {
     init_log(&config);
-    start(Application::build(config).await.expect("build")).await
+    start(Application::build(config).await.expect("build"), connect).await
 }
 
 /// [`spawn_app_with`], on a store of the test's own.
 pub async fn spawn_app_on(config: Config, store: Arc<dyn Store>) -> TestApp {
     init_log(&config);
     let app = Application::build_with_store(config, store).await;
-    start(app.expect("build")).await
+    start(app.expect("build"), plaintext).await
 }
 
 /// A node of a fleet (`config.node_id`) whose ring is kept in `ring`.
@@ -97,9 +101,19 @@ pub async fn spawn_member(
     store: Arc<dyn Store>,
     ring: Arc<dyn RingStore>,
 ) -> TestApp {
+    spawn_member_connected(config, store, ring, plaintext).await
+}
+
+/// [`spawn_member`], its client connected by `connect`.
+pub async fn spawn_member_connected(
+    config: Config,
+    store: Arc<dyn Store>,
+    ring: Arc<dyn RingStore>,
+    connect: impl AsyncFnOnce(SocketAddr) -> Channel,
+) -> TestApp {
     init_log(&config);
     let app = Application::build_with(config, store, Some(ring)).await;
-    start(app.expect("build")).await
+    start(app.expect("build"), connect).await
 }
 
 fn init_log(config: &Config) {
@@ -111,15 +125,22 @@ fn init_log(config: &Config) {
     });
 }
 
-async fn start(app: Application) -> TestApp {
+/// A plaintext channel to `addr`.
+pub async fn plaintext(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect")
+}
+
+async fn start(app: Application, connect: impl AsyncFnOnce(SocketAddr) -> Channel) -> TestApp {
     let (addr, metrics_addr) = (app.grpc_addr(), app.metrics_addr());
     let (stop, stopped) = oneshot::channel();
     let running = tokio::spawn(app.run_until(async {
         let _ = stopped.await;
     }));
-    let client = ReadStatesClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect");
+    let client = ReadStatesClient::new(connect(addr).await);
     TestApp {
         addr,
         metrics_addr,

@@ -15,4 +15,5 @@ mod operations;
 mod redelivery;
 mod restart;
 mod set_muted;
+mod tls;
 mod watch;
