@@ -696,6 +696,12 @@ impl Cache {
         self.evicted_total.load(Ordering::Relaxed)
     }
 
+    /// How many [`Cache::evicted_unwritten`] may reach before changes are
+    /// refused (`max_evicted_unwritten`).
+    pub fn evicted_unwritten_limit(&self) -> usize {
+        self.config.max_evicted_unwritten
+    }
+
     /// Unwritten read states (a pending "delete all" counts as one) over
     /// all shards.
     pub fn unwritten(&self) -> usize {

@@ -28,6 +28,8 @@ pub const CACHE_EVICTIONS_UNWRITTEN: &str = "readstates_cache_evictions_unwritte
 pub const CACHED_USERS: &str = "readstates_cached_users";
 pub const CACHED_READ_STATES: &str = "readstates_cached_read_states";
 pub const UNWRITTEN_READ_STATES: &str = "readstates_unwritten_read_states";
+pub const EVICTED_UNWRITTEN: &str = "readstates_evicted_unwritten_read_states";
+pub const EVICTED_UNWRITTEN_LIMIT: &str = "readstates_evicted_unwritten_limit";
 pub const OLDEST_UNWRITTEN: &str = "readstates_oldest_unwritten_change_seconds";
 pub const STORE_OPERATIONS: &str = "readstates_store_operations_total";
 pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
@@ -153,6 +155,10 @@ fn sample(cache: &Cache) {
     gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
     gauge!(WATCHED_USERS).set(gauges.watched as f64);
     gauge!(UNWRITTEN_READ_STATES).set(gauges.unwritten as f64);
+    // Evicted before written: memory that only the store can give back;
+    // at the limit, changes are refused.
+    gauge!(EVICTED_UNWRITTEN).set(cache.evicted_unwritten() as f64);
+    gauge!(EVICTED_UNWRITTEN_LIMIT).set(cache.evicted_unwritten_limit() as f64);
     let oldest = gauges
         .oldest_unwritten
         .map_or(0.0, |since| (Instant::now() - since).as_secs_f64());
@@ -193,15 +199,19 @@ fn code_name(code: tonic::Code) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    /// Read from the declarations themselves, so a metric added above is
-    /// checked without being listed again.
-    #[test]
-    fn metric_names_are_unique_and_prefixed() {
-        let names: Vec<&str> = include_str!("metrics.rs")
+    /// Every metric declared above, read from the declarations themselves,
+    /// so a metric added there is checked without being listed again.
+    fn declared() -> Vec<&'static str> {
+        include_str!("metrics.rs")
             .lines()
             .filter(|line| line.starts_with("pub const ") && line.contains(": &str = \""))
             .filter_map(|line| line.split('"').nth(1))
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn metric_names_are_unique_and_prefixed() {
+        let names = declared();
         assert!(names.len() >= 14, "{names:?}");
         let mut unique = names.clone();
         unique.sort_unstable();
@@ -212,5 +222,36 @@ mod tests {
             "{names:?}"
         );
         assert!(names.contains(&super::UNWRITTEN_READ_STATES));
+    }
+
+    /// The dashboard and the alerts name only metrics the service exports:
+    /// renaming one cannot silently blind them. (Histograms are named with
+    /// Prometheus's `_bucket`, `_sum` and `_count` suffixes.)
+    #[test]
+    fn the_dashboard_and_the_alerts_name_only_exported_metrics() {
+        let exported = declared();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+        for file in [
+            "grafana/readstates.json",
+            "prometheus/alerts.yml",
+            "prometheus/alerts.test.yml",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            let named: Vec<&str> = text
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|word| word.starts_with("readstates_"))
+                .collect();
+            assert!(named.len() >= 5, "{file} names only {named:?}");
+            for name in named {
+                let histogram = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .filter(|base| base.ends_with("_seconds"));
+                assert!(
+                    exported.contains(&histogram.unwrap_or(name)),
+                    "{file} names {name}, which the service does not export"
+                );
+            }
+        }
     }
 }
