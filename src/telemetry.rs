@@ -5,9 +5,13 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{Config, LogFormat};
 
+/// rustls warns of every bad handshake it sees, one line per connection
+/// that anyone can open; `tls::incoming` logs those, at most once a second.
+const QUIET: &str = "rustls=error";
+
 pub fn init(config: &Config) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&config.log_level));
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(directives(&config.log_level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -17,5 +21,26 @@ pub fn init(config: &Config) {
     };
     if let Err(e) = result {
         eprintln!("logging already initialised: {e}");
+    }
+}
+
+/// The configured level, with rustls quietened unless it names rustls.
+fn directives(level: &str) -> String {
+    if level.contains("rustls") {
+        level.to_owned()
+    } else {
+        format!("{level},{QUIET}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rustls_is_quiet_unless_named() {
+        assert_eq!(super::directives("info"), "info,rustls=error");
+        assert_eq!(
+            super::directives("debug,rustls=trace"),
+            "debug,rustls=trace"
+        );
     }
 }

@@ -147,9 +147,13 @@ impl Tls {
                     _ = tick.tick() => {}
                     () = stop.cancelled() => return,
                 }
-                // Blocking file reads, but three small files every few
-                // seconds: not worth a blocking thread.
-                match self.reload() {
+                // File reads block (a hung mount for ever): not on the
+                // runtime's threads.
+                let tls = self.clone();
+                let Ok(reloaded) = tokio::task::spawn_blocking(move || tls.reload()).await else {
+                    return;
+                };
+                match reloaded {
                     Ok(false) => {}
                     Ok(true) => {
                         counter!(TLS_RELOADS, "result" => "ok").increment(1);

@@ -5,7 +5,8 @@
 //! A bad handshake (plaintext, garbage, a certificate refused, a client
 //! that stops halfway) fails its own connection and nothing else: it is
 //! counted in `readstates_tls_handshake_failures_total{reason}`, logged at
-//! most once a second, and the loop goes on accepting. (A tonic release once
+//! most once a second, and the loop goes on accepting. At most
+//! [`MAX_HANDSHAKES`] run at once. (A tonic release once
 //! ended the whole server on one handshake's I/O error; the tests in
 //! `tests/api/tls.rs` keep each case end to end.)
 
@@ -28,6 +29,11 @@ use crate::metrics::TLS_HANDSHAKE_FAILURES;
 
 /// Finished handshakes waiting for the server to take them.
 const READY: usize = 64;
+/// Handshakes under way at once. Beyond it a new connection is closed at
+/// once (counted as `overload`): each holds up to 64 KiB of rustls buffers
+/// until its timeout, and its key exchange runs on the cores that serve
+/// requests.
+pub const MAX_HANDSHAKES: usize = 1024;
 /// After an accept error that is not one connection's (out of file
 /// descriptors, say), the loop pauses this long instead of spinning.
 const ACCEPT_PAUSE: Duration = Duration::from_millis(50);
@@ -68,6 +74,11 @@ async fn accept_loop(listener: TcpListener, tls: Arc<Tls>, timeout: Duration, re
                 }
             },
         };
+        if handshakes.len() >= MAX_HANDSHAKES {
+            drop(tcp);
+            failed(Reason::Overload, None, peer, &throttle);
+            continue;
+        }
         let _ = tcp.set_nodelay(true);
         let acceptor = TlsAcceptor::from(tls.server_config());
         let (ready, throttle) = (ready.clone(), throttle.clone());
@@ -87,8 +98,11 @@ async fn accept_loop(listener: TcpListener, tls: Arc<Tls>, timeout: Duration, re
 
 fn failed(reason: Reason, error: Option<io::Error>, peer: SocketAddr, throttle: &LogThrottle) {
     counter!(TLS_HANDSHAKE_FAILURES, "reason" => reason.label()).increment(1);
-    if let Some(suppressed) = throttle.allow() {
-        let error = error.map_or_else(|| "timed out".to_owned(), |e| e.to_string());
+    let error = error.map_or_else(|| reason.label().to_owned(), |e| e.to_string());
+    if reason == Reason::Closed {
+        // TCP health checks of load balancers do this all day.
+        tracing::debug!(%peer, %error, "connection closed before its TLS handshake finished");
+    } else if let Some(suppressed) = throttle.allow() {
         tracing::warn!(%peer, reason = reason.label(), %error, suppressed, "TLS handshake failed");
     }
 }
@@ -104,8 +118,12 @@ enum Reason {
     Certificate,
     /// Not finished within `tls_handshake_timeout`.
     Timeout,
-    /// The connection broke (the client went away halfway, say).
+    /// The client closed the connection first (a TCP health check, say).
+    Closed,
+    /// The connection broke (reset, say).
     Io,
+    /// [`MAX_HANDSHAKES`] were under way.
+    Overload,
 }
 
 impl Reason {
@@ -123,6 +141,7 @@ impl Reason {
             // The client refused this server's certificate (expired, say).
             Some(E::AlertReceived(alert)) if is_certificate_alert(*alert) => Reason::Certificate,
             Some(_) => Reason::Protocol,
+            None if error.kind() == io::ErrorKind::UnexpectedEof => Reason::Closed,
             None => Reason::Io,
         }
     }
@@ -132,7 +151,9 @@ impl Reason {
             Reason::Protocol => "protocol",
             Reason::Certificate => "certificate",
             Reason::Timeout => "timeout",
+            Reason::Closed => "closed",
             Reason::Io => "io",
+            Reason::Overload => "overload",
         }
     }
 }
@@ -213,6 +234,8 @@ mod tests {
         let garbage = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
         assert_eq!(Reason::of(&wrap(garbage)), Reason::Protocol);
         let eof = io::Error::from(io::ErrorKind::UnexpectedEof);
-        assert_eq!(Reason::of(&eof), Reason::Io);
+        assert_eq!(Reason::of(&eof), Reason::Closed);
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        assert_eq!(Reason::of(&reset), Reason::Io);
     }
 }

@@ -23,6 +23,7 @@ use readstates::metrics::scrape;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::{AckRequest, GetReadStatesRequest};
 use readstates::store::memory::MemoryStore;
+use readstates::tls::incoming::MAX_HANDSHAKES;
 use readstates_routing::Node;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -212,9 +213,14 @@ struct MutualTls {
 
 impl MutualTls {
     async fn start() -> MutualTls {
+        MutualTls::start_with(HANDSHAKE_TIMEOUT).await
+    }
+
+    async fn start_with(handshake_timeout: Duration) -> MutualTls {
         let dir = TempDir::new().unwrap();
         let ca = Ca::new("readstates test CA");
-        let config = tls_config(dir.path(), &ca.issue("server"), Some(&ca));
+        let mut config = tls_config(dir.path(), &ca.issue("server"), Some(&ca));
+        config.tls_handshake_timeout = handshake_timeout;
         let good = client_config(&ca, Some(&ca.issue("gateway")));
         let mut app = spawn_app_connected(config, connect_with(good.clone())).await;
         call(&mut app.client, 1)
@@ -322,6 +328,51 @@ async fn a_handshake_left_half_done_is_cut_at_the_timeout_alone() {
         started.elapsed()
     );
     tls.assert_others_served("timeout", before).await;
+}
+
+/// A TCP connection closed before any byte (a load balancer's health
+/// check) is counted apart, as `closed`.
+#[tokio::test]
+async fn a_connection_closed_before_its_handshake_is_counted_as_closed() {
+    let _serial = SERIAL.lock().await;
+    let tls = MutualTls::start().await;
+    let before = failures(&tls.app, "closed").await;
+    drop(TcpStream::connect(tls.app.addr).await.unwrap());
+    tls.assert_others_served("closed", before).await;
+}
+
+/// Beyond `MAX_HANDSHAKES` under way, a new connection is closed at once
+/// (a flood of handshakes is bounded in memory); once they time out, new
+/// clients are served again.
+#[tokio::test]
+async fn beyond_the_handshake_cap_new_connections_are_closed_at_once() {
+    let timeout = Duration::from_secs(10);
+    let _serial = SERIAL.lock().await;
+    let tls = MutualTls::start_with(timeout).await;
+    let before = failures(&tls.app, "overload").await;
+    let mut held = Vec::new();
+    for _ in 0..MAX_HANDSHAKES {
+        held.push(half_open(tls.app.addr).await);
+    }
+    let mut beyond = half_open(tls.app.addr).await;
+    let started = tokio::time::Instant::now();
+    assert_closed(&mut beyond).await;
+    assert!(
+        started.elapsed() < timeout / 2,
+        "closed only at the timeout"
+    );
+    assert_failures(&tls.app, "overload", before, 1).await;
+    eventually(
+        "a new client served once the handshakes timed out",
+        async || {
+            new_client_call(tls.app.addr, tls.good.clone())
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    drop(held);
+    tls.app.stop().await;
 }
 
 /// Hundreds of half-done handshakes do not keep a good client from being
@@ -432,7 +483,7 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
 }
 
 async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while !condition().await {
         assert!(tokio::time::Instant::now() < deadline, "never: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -506,4 +557,67 @@ async fn fleet_nodes_call_each_other_over_mtls() {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// A flood of bad handshakes is not a flood of logs: rustls's own warning
+/// for each (through the `log` bridge) stays out of the default level, and
+/// ours is written at most once a second. The real binary, its log read.
+#[tokio::test]
+async fn bad_handshakes_are_logged_at_most_once_a_second() {
+    const BAD: usize = 40;
+    let _serial = SERIAL.lock().await;
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("log CA");
+    let config = tls_config(dir.path(), &ca.issue("server"), Some(&ca));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let server = tokio::process::Command::new(env!("CARGO_BIN_EXE_readstates"))
+        .args([
+            "serve",
+            "--store",
+            "memory",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--tls-cert")
+        .arg(config.tls_cert.unwrap())
+        .arg("--tls-key")
+        .arg(config.tls_key.unwrap())
+        .arg("--tls-client-ca")
+        .arg(config.tls_client_ca.unwrap())
+        .env_remove("RUST_LOG")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let good = client_config(&ca, Some(&ca.issue("gateway")));
+    eventually("the server serving", async || {
+        new_client_call(addr, good.clone()).await.is_ok()
+    })
+    .await;
+    for _ in 0..BAD {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        // Application data before any handshake.
+        tcp.write_all(&[0x17, 0x03, 0x03, 0x00, 0x05, 1, 2, 3, 4, 5])
+            .await
+            .unwrap();
+        assert_closed(&mut tcp).await;
+    }
+    let pid = server.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status();
+    assert!(killed.unwrap().success());
+    let output = server.wait_with_output().await.unwrap();
+    let log = String::from_utf8_lossy(&output.stderr);
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("rustls"), 0, "rustls logs each bad handshake:\n{log}");
+    let ours = lines("TLS handshake failed");
+    assert!(
+        (1..=5).contains(&ours),
+        "{ours} lines for {BAD} bad handshakes:\n{log}"
+    );
 }
