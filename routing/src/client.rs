@@ -4,6 +4,9 @@
 //! trailers (`x-readstates-epoch`) means "not applied, your table is old",
 //! so it reads the table again and retries there.
 //!
+//! Channels are plaintext unless made by the caller
+//! ([`FleetClient::connect_with`]: TLS, say).
+//!
 //! Requests that touch many users (MessageCreated, GetBadgeCounts, ...) may
 //! go to any node, which splits them by owner; [`FleetClient::for_user`]
 //! with one of their users saves a hop for that user's part.
@@ -39,20 +42,56 @@ struct Inner {
     ring: RwLock<Arc<Ring>>,
     /// By address.
     channels: Mutex<HashMap<String, Channel>>,
+    connect: Connect,
+}
+
+/// Makes the channel to a node at `host:port`, as the caller wants it
+/// (over TLS, with its timeouts); it may connect lazily.
+#[derive(Clone)]
+pub struct Connect(Arc<MakeChannel>);
+
+type MakeChannel = dyn Fn(&str) -> Result<Channel, Status> + Send + Sync;
+
+impl Connect {
+    pub fn new(connect: impl Fn(&str) -> Result<Channel, Status> + Send + Sync + 'static) -> Self {
+        Connect(Arc::new(connect))
+    }
+
+    /// Plaintext, connecting lazily.
+    pub fn plaintext() -> Self {
+        Connect::new(|address| Ok(endpoint(address)?.connect_lazy()))
+    }
+}
+
+impl std::fmt::Debug for Connect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connect")
+    }
 }
 
 impl FleetClient {
-    /// Connects to `entry` (`host:port` of any node) and reads the table.
+    /// Connects to `entry` (`host:port` of any node) in plaintext and reads
+    /// the table.
     pub async fn connect(entry: &str) -> Result<FleetClient, Status> {
-        let entry = endpoint(entry)?
+        let channel = endpoint(entry)?
             .connect()
             .await
             .map_err(|e| Status::unavailable(format!("connect to {entry}: {e}")))?;
+        FleetClient::start(channel, Connect::plaintext()).await
+    }
+
+    /// Reads the table from `entry`, every channel made by `connect`.
+    pub async fn connect_with(entry: &str, connect: Connect) -> Result<FleetClient, Status> {
+        FleetClient::start((connect.0)(entry)?, connect).await
+    }
+
+    async fn start(entry: Channel, connect: Connect) -> Result<FleetClient, Status> {
         let client = FleetClient {
             inner: Arc::new(Inner {
                 entry,
                 ring: RwLock::new(Arc::new(Ring::empty())),
                 channels: Mutex::default(),
+                connect,
             }),
         };
         client.refresh().await?;
@@ -128,8 +167,8 @@ impl FleetClient {
         if let Some(channel) = channels.get(&node.address) {
             return channel.clone();
         }
-        let channel = match endpoint(&node.address) {
-            Ok(endpoint) => endpoint.connect_lazy(),
+        let channel = match (self.inner.connect.0)(&node.address) {
+            Ok(channel) => channel,
             // A table naming a bad address: the entry node forwards.
             Err(_) => self.inner.entry.clone(),
         };

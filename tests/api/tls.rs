@@ -5,8 +5,10 @@
 //! handshake's I/O error end the whole server). Certificates rotate without
 //! a restart, and fleet nodes call each other over mTLS.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,10 +27,12 @@ use readstates::proto::{AckRequest, GetReadStatesRequest};
 use readstates::store::memory::MemoryStore;
 use readstates::tls::incoming::MAX_HANDSHAKES;
 use readstates_routing::Node;
+use readstates_routing::client::{Connect, FleetClient};
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
@@ -138,18 +142,37 @@ async fn try_connect(
     addr: SocketAddr,
     config: Arc<ClientConfig>,
 ) -> Result<Channel, tonic::transport::Error> {
+    tls_endpoint(addr)
+        .connect_with_connector(tls_connector(addr, config))
+        .await
+}
+
+/// Bounded, so that a server that stopped serving fails the test instead
+/// of hanging it.
+fn tls_endpoint(addr: SocketAddr) -> Endpoint {
     Endpoint::from_shared(format!("https://localhost:{}", addr.port()))
         .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let config = config.clone();
-            async move {
-                let tcp = TcpStream::connect(addr).await?;
-                let name = ServerName::try_from("localhost").unwrap();
-                let tls = TlsConnector::from(config).connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(tls))
-            }
-        }))
-        .await
+        .connect_timeout(HANDSHAKE_TIMEOUT)
+        .timeout(HANDSHAKE_TIMEOUT)
+}
+
+type Connecting =
+    Pin<Box<dyn Future<Output = std::io::Result<TokioIo<TlsStream<TcpStream>>>> + Send>>;
+
+/// TCP to `addr`, then TLS as `config` says, for the name `localhost`.
+fn tls_connector(
+    addr: SocketAddr,
+    config: Arc<ClientConfig>,
+) -> tower::util::ServiceFn<impl FnMut(Uri) -> Connecting + Send + Clone> {
+    tower::service_fn(move |_: Uri| {
+        let config = config.clone();
+        Box::pin(async move {
+            let tcp = TcpStream::connect(addr).await?;
+            let name = ServerName::try_from("localhost").unwrap();
+            let tls = TlsConnector::from(config).connect(name, tcp).await?;
+            Ok(TokioIo::new(tls))
+        }) as Connecting
+    })
 }
 
 fn connect_with(config: Arc<ClientConfig>) -> impl AsyncFnOnce(SocketAddr) -> Channel {
@@ -491,7 +514,8 @@ async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
 }
 
 /// Fleet nodes over mTLS call each other with their own certificates: the
-/// slot handoff (`ReleaseSlots`) and forwarded requests both go through.
+/// slot handoff (`ReleaseSlots`) and forwarded requests both go through,
+/// and so does a gateway's routing client with channels of its making.
 #[tokio::test]
 async fn fleet_nodes_call_each_other_over_mtls() {
     let _serial = SERIAL.lock().await;
@@ -503,7 +527,8 @@ async fn fleet_nodes_call_each_other_over_mtls() {
     let gateway = client_config(&ca, Some(&ca.issue("gateway")));
     let mut nodes = Vec::new();
     let mut dirs = Vec::new();
-    for id in ["a", "b"] {
+    // Ids of their own: requests are counted per node id, process-wide.
+    for id in ["tls-a", "tls-b"] {
         let dir = TempDir::new().unwrap();
         let mut config = tls_config(dir.path(), &ca.issue(id), Some(&ca));
         config.node_id = Some(id.to_owned());
@@ -524,20 +549,55 @@ async fn fleet_nodes_call_each_other_over_mtls() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     };
-    add("a", &a).await;
+    add("tls-a", &a).await;
     let users: Vec<u64> = (1..=100).collect();
     for &user in &users {
         call(&mut a.client, user).await.unwrap();
     }
     // b takes about half, released by a over mTLS (the changes were still
     // unwritten on a: 30 s write delay).
-    add("b", &b).await;
+    add("tls-b", &b).await;
     let record = ring.load().await.unwrap();
-    assert!(
-        users
-            .iter()
-            .any(|&u| record.ring.owner_of(u).unwrap().id == "b")
+    let on_b = users
+        .iter()
+        .filter(|&&u| record.ring.owner_of(u).unwrap().id == "tls-b")
+        .count();
+    assert!((1..100).contains(&on_b), "{on_b} users on b");
+
+    // A gateway's routing client over mTLS, on channels of its making.
+    let connect = Connect::new(move |address| {
+        let addr: SocketAddr = address
+            .parse()
+            .map_err(|_| tonic::Status::invalid_argument(address))?;
+        Ok(tls_endpoint(addr).connect_with_connector_lazy(tls_connector(addr, gateway.clone())))
+    });
+    let fleet = FleetClient::connect_with(&a.addr.to_string(), connect)
+        .await
+        .unwrap();
+    for &user in &users {
+        let request = AckRequest {
+            user_id: user,
+            channel_id: 2,
+            message_id: 20,
+            ..AckRequest::default()
+        };
+        let ack = |mut client: ReadStatesClient<Channel>| async move { client.ack(request).await };
+        fleet
+            .call(user, ack)
+            .await
+            .unwrap_or_else(|s| panic!("user {user}: {s:?}"));
+    }
+    // Straight to each owner: a request forwarded by a would count at both.
+    let acks = |node: &str| {
+        format!("readstates_requests_total{{method=\"Ack\",code=\"OK\",node=\"{node}\"}}")
+    };
+    let on_b = on_b as f64;
+    assert_eq!(
+        scrape::value(&a.metrics().await, &acks("tls-a")),
+        200.0 - on_b
     );
+    assert_eq!(scrape::value(&b.metrics().await, &acks("tls-b")), on_b);
+
     for &user in &users {
         let read = GetReadStatesRequest {
             user_id: user,
@@ -547,12 +607,10 @@ async fn fleet_nodes_call_each_other_over_mtls() {
         for app in [&mut b, &mut a] {
             let states = app.client.get_read_states(read.clone()).await;
             let states = states.unwrap_or_else(|s| panic!("user {user}: {s:?}"));
-            let acked = states
-                .into_inner()
-                .read_states
-                .first()
-                .map(|s| s.last_acked_id);
-            assert_eq!(acked, Some(10), "user {user}");
+            let mut states = states.into_inner().read_states;
+            states.sort_by_key(|s| s.channel_id);
+            let acked: Vec<u64> = states.iter().map(|s| s.last_acked_id).collect();
+            assert_eq!(acked, [10, 20], "user {user}");
         }
     }
     a.stop().await;
