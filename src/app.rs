@@ -105,6 +105,9 @@ impl Application {
             ownership,
         );
         let tls = config.tls_files().map(Tls::load).transpose()?;
+        if let (Some(tls), Some(_)) = (&tls, &config.node_id) {
+            tls.check_node_certificate()?;
+        }
         let grpc = TcpListener::bind(config.listen).await?;
         let metrics = TcpListener::bind(config.metrics_listen).await?;
         Ok(Application {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use metrics::counter;
 use tokio::task::JoinHandle;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
 use tokio_util::sync::CancellationToken;
@@ -59,6 +59,12 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("client CA: {0}")]
     ClientCa(#[from] rustls::server::VerifierBuilderError),
+    #[error(
+        "{path}: the other nodes would refuse this node's certificate ({error}): a fleet node \
+         presents it to them, so it must be signed by tls_client_ca, valid now, and allow client \
+         authentication"
+    )]
+    NodeCertificate { path: PathBuf, error: rustls::Error },
 }
 
 /// The current TLS configurations, replaced whole when the files change.
@@ -96,6 +102,28 @@ impl Tls {
             current: RwLock::new(configs),
             loaded: Mutex::new(contents),
         }))
+    }
+
+    /// Checks that the other nodes of a fleet would take this node's
+    /// certificate when it calls them, so that a wrong one is refused at
+    /// startup rather than at the first slot handoff.
+    pub fn check_node_certificate(&self) -> Result<(), TlsError> {
+        let contents = Contents::read(&self.files)?;
+        let (Some(path), Some(pem)) = (&self.files.client_ca, &contents.client_ca) else {
+            return Ok(());
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots(path, pem)?), provider)
+                .build()?;
+        let chain = certificates(&self.files.cert, &contents.cert)?;
+        verifier
+            .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+            .map(|_| ())
+            .map_err(|error| TlsError::NodeCertificate {
+                path: self.files.cert.clone(),
+                error,
+            })
     }
 
     /// What a connection accepted now is served with.

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-    date_time_ymd,
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, date_time_ymd,
 };
+use readstates::app::Application;
 use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
@@ -678,4 +679,40 @@ async fn bad_handshakes_are_logged_at_most_once_a_second() {
         (1..=5).contains(&ours),
         "{ours} lines for {BAD} bad handshakes:\n{log}"
     );
+}
+
+/// A fleet node presents its own certificate to the other nodes: one they
+/// would refuse (another CA's, or one for servers only) stops it at
+/// startup, not at its first slot handoff.
+#[tokio::test]
+async fn a_fleet_node_with_a_certificate_the_others_would_refuse_does_not_start() {
+    let ca = Ca::new("fleet CA");
+    let servers_only = ca.issue_with("servers only", |params| {
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    });
+    let strangers = Ca::new("another CA").issue("stranger");
+    for (what, certificate) in [("servers only", servers_only), ("another CA", strangers)] {
+        let dir = TempDir::new().unwrap();
+        let mut config = tls_config(dir.path(), &certificate, Some(&ca));
+        config.node_id = Some("refused".to_owned());
+        let (store, ring) = (
+            Arc::new(MemoryStore::new()),
+            Arc::new(MemoryRingStore::default()),
+        );
+        let built = Application::build_with(config, store, Some(ring)).await;
+        let error = built.expect_err(what).to_string();
+        assert!(
+            error.contains("the other nodes would refuse"),
+            "{what}: {error}"
+        );
+    }
+    // The same certificates serve a standalone node: its clients are not
+    // its peers.
+    let dir = TempDir::new().unwrap();
+    let config = tls_config(
+        dir.path(),
+        &Ca::new("another CA").issue("server"),
+        Some(&ca),
+    );
+    assert!(Application::build(config).await.is_ok());
 }
