@@ -305,36 +305,30 @@ async fn garbage_bytes_fail_alone() {
 
 #[tokio::test]
 async fn a_client_certificate_from_another_ca_fails_alone() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "certificate").await;
-    let stranger = Ca::new("another CA").issue("stranger");
-    let refused = new_client_call(tls.app.addr, client_config(&tls.ca, Some(&stranger))).await;
-    assert!(refused.is_err(), "a certificate from another CA was taken");
-    tls.assert_others_served("certificate", before).await;
+    let stranger = |_: &Ca| Some(Ca::new("another CA").issue("stranger"));
+    assert_refused_alone(stranger, "a certificate from another CA").await;
 }
 
 #[tokio::test]
 async fn an_expired_client_certificate_fails_alone() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "certificate").await;
-    let expired = tls.ca.issue_expired("expired");
-    let refused = new_client_call(tls.app.addr, client_config(&tls.ca, Some(&expired))).await;
-    assert!(refused.is_err(), "an expired certificate was taken");
-    tls.assert_others_served("certificate", before).await;
+    let expired = |ca: &Ca| Some(ca.issue_expired("expired"));
+    assert_refused_alone(expired, "an expired certificate").await;
 }
 
 #[tokio::test]
 async fn a_client_without_a_certificate_fails_alone_under_mtls() {
+    assert_refused_alone(|_| None, "a client without a certificate").await;
+}
+
+/// A client presenting `identity` (made with the server's CA at hand), or
+/// none, is refused under mTLS, and nobody else is disturbed.
+async fn assert_refused_alone(identity: impl FnOnce(&Ca) -> Option<Issued>, what: &str) {
     let _serial = SERIAL.lock().await;
     let tls = MutualTls::start().await;
     let before = failures(&tls.app, "certificate").await;
-    let refused = new_client_call(tls.app.addr, client_config(&tls.ca, None)).await;
-    assert!(
-        refused.is_err(),
-        "a client without a certificate was served"
-    );
+    let identity = identity(&tls.ca);
+    let refused = new_client_call(tls.app.addr, client_config(&tls.ca, identity.as_ref())).await;
+    assert!(refused.is_err(), "{what} was taken");
     tls.assert_others_served("certificate", before).await;
 }
 
