@@ -1,7 +1,8 @@
 //! The one place where the parts are wired together: store, cache,
 //! write-behind, gRPC server (with health and reflection, over TLS if
-//! configured) and the metrics listener. [`Application::build`] binds, [`Application::start`] starts
-//! ([`Running`]), and [`Running::stop`] stops in the documented order.
+//! configured) and the metrics listener. [`Application::build`] binds,
+//! [`Application::start`] starts ([`Running`]), and [`Running::stop`] stops
+//! in the documented order.
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -10,6 +10,7 @@
 //! ended the whole server on one handshake's I/O error; the tests in
 //! `tests/api/tls.rs` keep each case end to end.)
 
+use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -45,13 +46,15 @@ pub fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
     handshake_timeout: Duration,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
+) -> ReceiverStream<Result<TlsStream<TcpStream>, Infallible>> {
     let (ready, stream) = mpsc::channel(READY);
     tokio::spawn(accept_loop(listener, tls, handshake_timeout, ready));
     ReceiverStream::new(stream)
 }
 
-type Ready = mpsc::Sender<Result<TlsStream<TcpStream>, io::Error>>;
+/// Only finished handshakes: a failure ends with its own connection, never
+/// as an error of the stream.
+type Ready = mpsc::Sender<Result<TlsStream<TcpStream>, Infallible>>;
 
 async fn accept_loop(listener: TcpListener, tls: Arc<Tls>, timeout: Duration, ready: Ready) {
     let throttle = Arc::new(LogThrottle::default());
@@ -83,7 +86,7 @@ async fn accept_loop(listener: TcpListener, tls: Arc<Tls>, timeout: Duration, re
         let acceptor = TlsAcceptor::from(tls.server_config());
         let (ready, throttle) = (ready.clone(), throttle.clone());
         handshakes.spawn(async move {
-            let failure = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+            let (reason, error) = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let _ = ready.send(Ok(stream)).await;
                     return;
@@ -91,7 +94,7 @@ async fn accept_loop(listener: TcpListener, tls: Arc<Tls>, timeout: Duration, re
                 Ok(Err(error)) => (Reason::of(&error), Some(error)),
                 Err(_) => (Reason::Timeout, None),
             };
-            failed(failure.0, failure.1, peer, &throttle);
+            failed(reason, error, peer, &throttle);
         });
     }
 }

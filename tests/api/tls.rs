@@ -228,19 +228,25 @@ async fn assert_failures(app: &TestApp, reason: &str, before: u64, by: u64) {
 
 /// A server over mTLS, with a client connected to it: what each bad
 /// handshake case starts from.
+/// Holds the TLS tests' lock, and counts the failures of one `reason`.
 struct MutualTls {
     _dir: TempDir,
     ca: Ca,
     app: TestApp,
     good: Arc<ClientConfig>,
+    reason: &'static str,
+    /// `reason`'s count when the test began.
+    before: u64,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl MutualTls {
-    async fn start() -> MutualTls {
-        MutualTls::start_with(HANDSHAKE_TIMEOUT).await
+    async fn start(reason: &'static str) -> MutualTls {
+        MutualTls::start_with(reason, HANDSHAKE_TIMEOUT).await
     }
 
-    async fn start_with(handshake_timeout: Duration) -> MutualTls {
+    async fn start_with(reason: &'static str, handshake_timeout: Duration) -> MutualTls {
+        let serial = SERIAL.lock().await;
         let dir = TempDir::new().unwrap();
         let ca = Ca::new("readstates test CA");
         let mut config = tls_config(dir.path(), &ca.issue("server"), Some(&ca));
@@ -250,33 +256,35 @@ impl MutualTls {
         call(&mut app.client, 1)
             .await
             .expect("a good client is served");
+        let before = failures(&app, reason).await;
         MutualTls {
             _dir: dir,
             ca,
             app,
             good,
+            reason,
+            before,
+            _serial: serial,
         }
     }
 
     /// The client connected before is still served, a new one is too, and
     /// the failure was counted under `reason`, once.
-    async fn assert_others_served(mut self, reason: &str, before: u64) {
+    async fn assert_others_served(mut self) {
         call(&mut self.app.client, 2)
             .await
             .expect("the client connected before is served");
         new_client_call(self.app.addr, self.good.clone())
             .await
             .expect("a client connecting after is served");
-        assert_failures(&self.app, reason, before, 1).await;
+        assert_failures(&self.app, self.reason, self.before, 1).await;
         self.app.stop().await;
     }
 }
 
 #[tokio::test]
 async fn a_plaintext_client_on_the_tls_port_fails_alone() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "protocol").await;
+    let tls = MutualTls::start("protocol").await;
     let channel = Channel::from_shared(format!("http://{}", tls.app.addr))
         .unwrap()
         .connect()
@@ -288,19 +296,17 @@ async fn a_plaintext_client_on_the_tls_port_fails_alone() {
         Err(e) => Err(e.to_string()),
     };
     assert!(result.is_err(), "plaintext was served over the TLS port");
-    tls.assert_others_served("protocol", before).await;
+    tls.assert_others_served().await;
 }
 
 #[tokio::test]
 async fn garbage_bytes_fail_alone() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "protocol").await;
+    let tls = MutualTls::start("protocol").await;
     let mut tcp = TcpStream::connect(tls.app.addr).await.unwrap();
     let garbage: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
     tcp.write_all(&garbage).await.unwrap();
     assert_closed(&mut tcp).await;
-    tls.assert_others_served("protocol", before).await;
+    tls.assert_others_served().await;
 }
 
 #[tokio::test]
@@ -323,20 +329,16 @@ async fn a_client_without_a_certificate_fails_alone_under_mtls() {
 /// A client presenting `identity` (made with the server's CA at hand), or
 /// none, is refused under mTLS, and nobody else is disturbed.
 async fn assert_refused_alone(identity: impl FnOnce(&Ca) -> Option<Issued>, what: &str) {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "certificate").await;
+    let tls = MutualTls::start("certificate").await;
     let identity = identity(&tls.ca);
     let refused = new_client_call(tls.app.addr, client_config(&tls.ca, identity.as_ref())).await;
     assert!(refused.is_err(), "{what} was taken");
-    tls.assert_others_served("certificate", before).await;
+    tls.assert_others_served().await;
 }
 
 #[tokio::test]
 async fn a_handshake_left_half_done_is_cut_at_the_timeout_alone() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "timeout").await;
+    let tls = MutualTls::start("timeout").await;
     let mut half = half_open(tls.app.addr).await;
     let started = tokio::time::Instant::now();
     assert_closed(&mut half).await;
@@ -345,18 +347,16 @@ async fn a_handshake_left_half_done_is_cut_at_the_timeout_alone() {
         "cut after {:?}, before the timeout",
         started.elapsed()
     );
-    tls.assert_others_served("timeout", before).await;
+    tls.assert_others_served().await;
 }
 
 /// A TCP connection closed before any byte (a load balancer's health
 /// check) is counted apart, as `closed`.
 #[tokio::test]
 async fn a_connection_closed_before_its_handshake_is_counted_as_closed() {
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start().await;
-    let before = failures(&tls.app, "closed").await;
+    let tls = MutualTls::start("closed").await;
     drop(TcpStream::connect(tls.app.addr).await.unwrap());
-    tls.assert_others_served("closed", before).await;
+    tls.assert_others_served().await;
 }
 
 /// Beyond `MAX_HANDSHAKES` under way, a new connection is closed at once
@@ -365,9 +365,7 @@ async fn a_connection_closed_before_its_handshake_is_counted_as_closed() {
 #[tokio::test]
 async fn beyond_the_handshake_cap_new_connections_are_closed_at_once() {
     let timeout = Duration::from_secs(10);
-    let _serial = SERIAL.lock().await;
-    let tls = MutualTls::start_with(timeout).await;
-    let before = failures(&tls.app, "overload").await;
+    let tls = MutualTls::start_with("overload", timeout).await;
     let mut held = Vec::new();
     for _ in 0..MAX_HANDSHAKES {
         held.push(half_open(tls.app.addr).await);
@@ -379,7 +377,7 @@ async fn beyond_the_handshake_cap_new_connections_are_closed_at_once() {
         started.elapsed() < timeout / 2,
         "closed only at the timeout"
     );
-    assert_failures(&tls.app, "overload", before, 1).await;
+    assert_failures(&tls.app, tls.reason, tls.before, 1).await;
     eventually(
         "a new client served once the handshakes timed out",
         async || {
@@ -398,9 +396,7 @@ async fn beyond_the_handshake_cap_new_connections_are_closed_at_once() {
 #[tokio::test]
 async fn hundreds_of_half_open_handshakes_do_not_starve_a_good_client() {
     const HALF_OPEN: u64 = 300;
-    let _serial = SERIAL.lock().await;
-    let mut tls = MutualTls::start().await;
-    let before = failures(&tls.app, "timeout").await;
+    let mut tls = MutualTls::start("timeout").await;
     let mut held = Vec::new();
     for _ in 0..HALF_OPEN {
         held.push(half_open(tls.app.addr).await);
@@ -417,7 +413,7 @@ async fn hundreds_of_half_open_handshakes_do_not_starve_a_good_client() {
     for tcp in &mut held {
         assert_closed(tcp).await;
     }
-    assert_failures(&tls.app, "timeout", before, HALF_OPEN).await;
+    assert_failures(&tls.app, tls.reason, tls.before, HALF_OPEN).await;
     tls.app.stop().await;
 }
 
