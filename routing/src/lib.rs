@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`slot`]: the fixed function from a user id to one of [`SLOTS`] slots;
 //!   gateways in any language compute the same (see `routing/slots.csv`).
+//! - [`address`]: what a node's `host:port` may be.
 //! - [`ring`]: an epoch, the nodes with their weights, and the owner of every
 //!   slot, assigned by weighted rendezvous hashing.
 //! - [`proto`]: the `readstates.v1` API (client and server).
@@ -12,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod client;
 pub mod proto;
 pub mod ring;

@@ -54,7 +54,10 @@ pub enum RingError {
         "node id {0:?}: 1 to {MAX_NODE_ID_LEN} letters, digits, '.', '_' or '-' (a pod or host name)"
     )]
     BadNodeId(String),
-    #[error("node {id}: address {address:?} is not host:port")]
+    #[error(
+        "node {id}: address {address:?} is not host:port (a DNS name, an IPv4 address or \
+         [an IPv6 address], and a port from 1 to 65535)"
+    )]
     BadAddress { id: String, address: String },
     #[error("node {0} is in the ring already")]
     DuplicateNode(String),
@@ -80,6 +83,12 @@ impl Ring {
     pub fn new(epoch: u64, mut nodes: Vec<Node>) -> Result<Ring, RingError> {
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
         check_nodes(&nodes)?;
+        if let Some(bad) = nodes.iter().find(|n| !crate::address::is_valid(&n.address)) {
+            return Err(RingError::BadAddress {
+                id: bad.id.clone(),
+                address: bad.address.clone(),
+            });
+        }
         let owners = assign(&nodes);
         Ok(Ring {
             epoch,
@@ -205,6 +214,9 @@ impl fmt::Debug for Ring {
     }
 }
 
+/// Ids and their number. Addresses are checked only when a ring is made
+/// ([`Ring::new`]): a stored ring that an older version let take a bad one
+/// still reads, so that the node can be removed.
 fn check_nodes(nodes: &[Node]) -> Result<(), RingError> {
     if nodes.len() >= usize::from(NO_OWNER) {
         return Err(RingError::TooManyNodes);
@@ -219,16 +231,6 @@ fn check_nodes(nodes: &[Node]) -> Result<(), RingError> {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !id_ok {
             return Err(RingError::BadNodeId(node.id.clone()));
-        }
-        let address_ok = node
-            .address
-            .rsplit_once(':')
-            .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-        if !address_ok {
-            return Err(RingError::BadAddress {
-                id: node.id.clone(),
-                address: node.address.clone(),
-            });
         }
         if !seen.insert(node.id.as_str()) {
             return Err(RingError::DuplicateNode(node.id.clone()));

@@ -148,6 +148,52 @@ fn bad_rings_are_refused() {
         Err(RingError::BadAddress { .. })
     ));
     let ring = Ring::new(1, vec![node("a", 1)]).unwrap();
+    // Issue 24, item 5: anything but host:port was taken (a URL, a space in
+    // the host) and took its node's users offline.
+    for address in [
+        "http://127.0.0.1:50051",
+        "bad host:50051",
+        "host:0",
+        "host:65536",
+        ":50051",
+        "::1:50051",
+        "[::1]",
+        "[not-ip]:50051",
+        "256.1.1.1:50051",
+        "-host:50051",
+        "host-.example:50051",
+        "host..example:50051",
+        "rs-0.readstates.default.svc:50051/",
+    ] {
+        let mut bad = node("b", 1);
+        bad.address = address.into();
+        assert_eq!(
+            ring.with_node(bad),
+            Err(RingError::BadAddress {
+                id: "b".into(),
+                address: address.into()
+            }),
+            "{address}"
+        );
+    }
+    for address in [
+        "127.0.0.1:50051",
+        "[::1]:50051",
+        "[2001:db8::7]:443",
+        "localhost:1",
+        "rs-0.readstates.default.svc.cluster.local:50051",
+        "Node7:65535",
+    ] {
+        let mut good = node("b", 1);
+        good.address = address.into();
+        assert!(ring.with_node(good).is_ok(), "{address}");
+    }
+    // A ring an older version stored with such an address still reads, so
+    // that its node can be removed.
+    let mut stored_bad = node("a", 1);
+    stored_bad.address = "http://127.0.0.1:50051".into();
+    let stored = Ring::from_parts(1, vec![stored_bad], ring.owners().to_vec()).unwrap();
+    assert!(stored.without("a").is_ok());
     assert_eq!(ring.without("z"), Err(RingError::UnknownNode("z".into())));
     assert!(matches!(
         Ring::from_parts(1, vec![node("a", 1)], vec![1; SLOTS]),

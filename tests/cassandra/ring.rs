@@ -44,6 +44,21 @@ async fn the_ring_command_changes_one_epoch_at_a_time() {
     let (ok, shown, _) = ring(&keyspace, &["show"]);
     assert!(ok && shown.starts_with("epoch 0\n"), "{shown}");
 
+    // Issue 24, item 5: these were added, and their users failed with
+    // "dns error" from then on.
+    for address in ["http://127.0.0.1:50001", "bad host:50001"] {
+        let (ok, _, err) = ring(&keyspace, &["add", "nx", address]);
+        assert!(
+            !ok && err.contains(&format!("address {address:?} is not host:port")),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        store.load().await.unwrap().ring.epoch(),
+        0,
+        "nothing changed"
+    );
+
     let (ok, out, err) = ring(&keyspace, &["add", "a", "127.0.0.1:50001"]);
     assert!(ok, "{err}");
     assert_eq!(out, "epoch 1: 16384 slots move\n");
