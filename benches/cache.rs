@@ -32,6 +32,7 @@ fn cache(capacity: usize) -> Arc<Cache> {
             write_delay: Duration::from_secs(3600),
             max_evicted_unwritten: usize::MAX,
             write_concurrency: 32,
+            ..CacheConfig::default()
         },
         Arc::new(MemoryStore::new()),
     )
@@ -170,6 +171,7 @@ fn miss_path(c: &mut Criterion) {
             write_delay: Duration::from_secs(3600),
             max_evicted_unwritten: usize::MAX,
             write_concurrency: 32,
+            ..CacheConfig::default()
         },
         store,
     );

@@ -9,8 +9,9 @@
 //! With `grown` the users are loaded empty and get their read states from
 //! one change each (as a BulkAck of every channel makes them over gRPC).
 //!
-//! With `deletions` it measures instead the MessageDeleted dedup window
-//! holding USERS applied deletions (its memory bound is a count of them).
+//! With `deletions` it measures instead the MessageDeleted dedup memory
+//! holding COUNT lowered users (its memory bound is a count of them): 10
+//! users for each deleted message.
 //!
 //! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive|grown]
 //! cargo run --release --example footprint -- [COUNT] deletions
@@ -21,7 +22,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use readstates::cache::{Cache, CacheConfig};
 use readstates::read_state::{Key, Kind, ReadState};
-use readstates::recent_deletions::{Claim, Deletion, RecentDeletions};
+use readstates::recent_deletions::{Deletion, RecentDeletions};
 use readstates::store::{Store, StoreError, StoredUser, UserWrite};
 
 /// Makes up `channels` read states for every user it loads and keeps
@@ -92,6 +93,7 @@ async fn ours(users: u64, channels: u64, grown: bool) -> usize {
             write_delay: Duration::from_secs(30),
             max_evicted_unwritten: usize::MAX,
             write_concurrency: 32,
+            ..CacheConfig::default()
         },
         Arc::new(MadeUpStore {
             channels: if grown { 0 } else { channels },
@@ -118,19 +120,17 @@ async fn ours(users: u64, channels: u64, grown: bool) -> usize {
     held
 }
 
-/// Fills the dedup window with `count` applied deletions.
+/// Fills the dedup memory with `count` lowered users, 10 per deletion.
 fn deletions(count: u64) -> usize {
-    let recent = RecentDeletions::new(Duration::from_secs(3600), count as usize);
-    for message_id in 1..=count {
+    let mut recent = RecentDeletions::new(Duration::from_secs(3600), count as usize);
+    for lowered in 0..count {
+        let message_id = lowered / 10;
         let deletion = Deletion {
             channel_id: (message_id % 1_000) << 22,
             message_id: (message_id << 22) | 3,
             kind: Kind::Channel,
-            recipients: message_id.wrapping_mul(0x9e37_79b9_7f4a_7c15),
         };
-        if let Claim::New(claimed) = recent.claim(deletion) {
-            claimed.applied();
-        }
+        recent.remember(lowered.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 1, deletion);
     }
     let held = recent.len();
     std::mem::forget(recent); // measured, not freed
@@ -146,7 +146,7 @@ async fn main() {
         let held = deletions(users);
         let grown = resident_bytes().saturating_sub(before);
         println!(
-            "deletion dedup window: {held} deletions, resident +{:.1} MiB, {:.1} bytes per deletion",
+            "deletion dedup memory: {held} lowered users, resident +{:.1} MiB, {:.1} bytes each",
             grown as f64 / (1 << 20) as f64,
             grown as f64 / held as f64
         );

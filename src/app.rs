@@ -39,6 +39,18 @@ use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 
 /// In-flight requests get this long to finish once shutdown begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(10);
+/// HTTP/2 flow-control windows of the gRPC port. h2 closes a connection
+/// (GOAWAY `ENHANCE_YOUR_CALM`) once the small DATA frames it holds unread
+/// cost more than half the connection window, at 256 bytes of budget per
+/// frame less its payload, and one Watch subscribe is a frame of about 12
+/// bytes. So one stream's window of them must fit in that budget: a gateway
+/// that writes a stream window of subscribes at once (after a restart or a
+/// move) must never lose the connection while the stream reads them
+/// (128 KiB of 12-byte frames cost 2.6 MiB of a 4 MiB budget). hyper's
+/// defaults, 1 MiB each, allowed about 2,100. The stream window still holds
+/// a whole MessageCreated of 10,000 users.
+const STREAM_WINDOW: u32 = 128 * 1024;
+const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 /// `/metrics` connections get this long to finish after the final drain: a
 /// scraper that sends half a request must not keep the process from exiting.
 const METRICS_GRACE: Duration = Duration::from_secs(1);
@@ -95,13 +107,7 @@ impl Application {
             None => Ownership::standalone(),
         });
         let cache = Cache::with_ownership(
-            CacheConfig {
-                capacity: config.cache_capacity,
-                shards: config.shards,
-                write_delay: config.write_delay,
-                max_evicted_unwritten: config.max_evicted_unwritten,
-                write_concurrency: config.write_concurrency,
-            },
+            CacheConfig::from(&config),
             Arc::new(Instrumented::new(store)),
             ownership,
         );
@@ -198,6 +204,8 @@ impl Application {
             _ => (None, None),
         };
         let router = Server::builder()
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(ReadStatesServer::new(service))

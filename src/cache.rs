@@ -25,8 +25,10 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::cluster::ownership::{Ownership, SlotState};
+use crate::config::Config;
 use crate::error::Error;
 use crate::read_state::{UserReadStates, UserView};
+use crate::recent_deletions::{Deletion, RecentDeletions};
 use crate::store::{Store, UserWrite};
 use crate::watch::Feed;
 pub use arena::Stored;
@@ -65,6 +67,32 @@ pub struct CacheConfig {
     /// Store writes under way at once, write-behind's and write-through's
     /// together.
     pub write_concurrency: usize,
+    /// How long a user lowered for a deleted message is remembered (see
+    /// [`RecentDeletions`]).
+    pub deletion_window: Duration,
+    /// Lowerings remembered at once, over all shards.
+    pub deletion_capacity: usize,
+}
+
+impl From<&Config> for CacheConfig {
+    fn from(config: &Config) -> CacheConfig {
+        CacheConfig {
+            capacity: config.cache_capacity,
+            shards: config.shards,
+            write_delay: config.write_delay,
+            max_evicted_unwritten: config.max_evicted_unwritten,
+            write_concurrency: config.write_concurrency,
+            deletion_window: config.deletion_dedup_window,
+            deletion_capacity: config.deletion_dedup_capacity,
+        }
+    }
+}
+
+/// The service's defaults.
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        CacheConfig::from(&Config::default())
+    }
 }
 
 #[derive(Debug)]
@@ -99,10 +127,15 @@ impl Cache {
     ) -> Arc<Cache> {
         let shards = config.shards.max(1);
         let per_shard = config.capacity.div_ceil(shards).max(1);
+        let deletions_per_shard = config.deletion_capacity.div_ceil(shards);
         let evicted_total = Arc::new(AtomicUsize::new(0));
         Arc::new(Cache {
             shards: (0..shards)
-                .map(|_| Mutex::new(Shard::new(per_shard, evicted_total.clone())))
+                .map(|_| {
+                    let deletions =
+                        RecentDeletions::new(config.deletion_window, deletions_per_shard);
+                    Mutex::new(Shard::new(per_shard, evicted_total.clone(), deletions))
+                })
                 .collect(),
             wakers: (0..shards).map(|_| Notify::new()).collect(),
             store,
@@ -166,6 +199,43 @@ impl Cache {
         user_ids: &[u64],
         mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<Vec<R>, Error> {
+        self.change_many(user_ids, |shard, index, user_id, now_us| {
+            self.apply_change(shard, user_id, |user| f(index, user, now_us))
+        })
+        .await
+    }
+
+    /// [`Cache::update_many`] for a deleted message, which lowers each user
+    /// at most once: `f` runs only for users not lowered for `deletion`
+    /// within the window (false for the others), and one it returns true
+    /// for is remembered as lowered, in the same step.
+    pub async fn update_many_once(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        deletion: Deletion,
+        mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> bool,
+    ) -> Result<Vec<bool>, Error> {
+        self.change_many(user_ids, |shard, index, user_id, now_us| {
+            if shard.deletions.lowered(user_id, deletion) {
+                return Some((false, None));
+            }
+            let applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
+            if let Some((true, _)) = applied {
+                shard.deletions.remember(user_id, deletion);
+            }
+            applied
+        })
+        .await
+    }
+
+    /// The all-or-nothing frame of [`Cache::update_many`]: `change` runs for
+    /// each pinned user under its shard's lock, with its index and the
+    /// request's clock.
+    async fn change_many<R>(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        mut change: impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
+    ) -> Result<Vec<R>, Error> {
         self.check_unwritten()?;
         let pins = self.pin_all(user_ids).await?;
         let entry = self.gate.enter()?;
@@ -193,7 +263,7 @@ impl Cache {
             // Each user is let go under the lock that changes it: one lock
             // per user here, as before pins.
             let applied = self.with_shard(self.shard_of(user_id), |shard| {
-                let applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
+                let applied = change(shard, index, user_id, now_us);
                 shard.unpin(user_id, None);
                 applied
             });
@@ -334,6 +404,13 @@ impl Cache {
         since: u64,
     ) -> Result<(), Error> {
         self.with_user(user_id, true, |shard| shard.subscribe(user_id, feed, since))
+            .await
+    }
+
+    /// Brings a user into the cache (a subscribe about to need it), if
+    /// this node serves it; counts no lookup.
+    pub async fn load(self: &Arc<Self>, user_id: u64) -> Result<(), Error> {
+        self.with_user(user_id, false, |shard| shard.read(user_id, |_| ()))
             .await
     }
 

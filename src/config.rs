@@ -282,15 +282,16 @@ settings! {
     /// Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "READSTATES_MAX_CONCURRENT_REQUESTS")]
     max_concurrent_requests: usize = 10_000;
-    /// How long a node remembers an applied MessageDeleted, so that a retry
-    /// within it lowers no count twice.
+    /// How long a node remembers each user it lowered for a deleted
+    /// message, so that a retry within it lowers nobody twice.
     #[arg(long, env = "READSTATES_DELETION_DEDUP_WINDOW", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     deletion_dedup_window: Duration = Duration::from_secs(600);
-    /// The most deletions remembered at once (memory bound, about 150 bytes
-    /// each); beyond it the oldest are forgotten before their window ends.
+    /// The most lowered users remembered at once, over all deleted messages
+    /// (memory bound, about 50 bytes each); beyond it the oldest are
+    /// forgotten before their window ends.
     #[arg(long, env = "READSTATES_DELETION_DEDUP_CAPACITY")]
-    deletion_dedup_capacity: usize = 500_000;
+    deletion_dedup_capacity: usize = 1_000_000;
     /// Events a Watch stream holds for a client that reads slowly; a user
     /// whose event would not fit gets a resync event instead.
     #[arg(long, env = "READSTATES_WATCH_BUFFER")]
@@ -419,10 +420,19 @@ impl Config {
                      node's own, and the ring lives in Cassandra",
                 );
             }
-            if self.advertise.is_none() {
-                return refuse(
-                    "node_id needs advertise: the host:port other nodes reach this one at",
-                );
+            match &self.advertise {
+                None => {
+                    return refuse(
+                        "node_id needs advertise: the host:port other nodes reach this one at",
+                    );
+                }
+                Some(address) if !readstates_routing::address::is_valid(address) => {
+                    return refuse(&format!(
+                        "advertise {address:?} is not host:port (a DNS name, an IPv4 address or \
+                         [an IPv6 address], and a port from 1 to 65535)"
+                    ));
+                }
+                Some(_) => {}
             }
             if self.ring_poll.is_zero() {
                 return refuse("ring_poll must be above 0");
@@ -579,6 +589,28 @@ mod tests {
             assert!(refused(flag, "0").contains("at least 1"), "{flag}");
         }
         assert!(refused("--shutdown-timeout", "0s").contains("give up"));
+        // Issue 24, item 5: a URL or a space was taken as the address.
+        for address in ["http://127.0.0.1:50051", "bad host:50051", "127.0.0.1"] {
+            let cli = Cli::try_parse_from([
+                "readstates",
+                "serve",
+                "--store",
+                "cassandra",
+                "--node-id",
+                "n1",
+                "--advertise",
+                address,
+            ])
+            .unwrap();
+            let Command::Serve(args) = cli.command else {
+                panic!("serve")
+            };
+            let refusal = Config::load(&args).unwrap_err().to_string();
+            assert!(
+                refusal.contains(&format!("advertise {address:?} is not host:port")),
+                "{refusal}"
+            );
+        }
         // Found by an adversarial review: a huge delay overflowed the clock
         // and panicked on the first change.
         assert!(refused("--write-delay", "9223372036854775807s").contains("at most 1day"));

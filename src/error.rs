@@ -26,11 +26,6 @@ pub enum Error {
     /// node, or once this one is back).
     #[error("the server is shutting down; the change was not applied, retry it")]
     ShuttingDown,
-    /// Another delivery of the same MessageDeleted is being applied; this
-    /// one was not applied. Retry it: it then does nothing if that one
-    /// applied, and applies if that one was cut short.
-    #[error("a delivery of the deletion of message {message_id} is being applied; retry")]
-    DeletionUnderWay { message_id: u64 },
     /// Unsubscribing a user the Watch stream does not watch (never
     /// subscribed, unsubscribed already, or dropped with a resync).
     #[error("user {user_id} is not subscribed on this stream")]
@@ -88,7 +83,6 @@ impl Error {
             | Error::WriteFailed { .. }
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
-            | Error::DeletionUnderWay { .. }
             | Error::NotServed { .. }
             | Error::Unrelayed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,

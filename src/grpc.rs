@@ -41,7 +41,6 @@ use crate::metrics::MethodMetrics;
 use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
-use crate::recent_deletions::RecentDeletions;
 use scatter::Scatter;
 
 /// What the service takes from the configuration.
@@ -49,8 +48,6 @@ use scatter::Scatter;
 pub struct ServiceConfig {
     /// Requests in progress beyond which new ones are refused.
     pub max_in_progress: usize,
-    pub deletion_dedup_window: Duration,
-    pub deletion_dedup_capacity: usize,
     /// Events one Watch stream holds for its client.
     pub watch_buffer: usize,
     /// This node's id (`standalone` without one), a label of its metrics.
@@ -61,8 +58,6 @@ impl From<&Config> for ServiceConfig {
     fn from(config: &Config) -> ServiceConfig {
         ServiceConfig {
             max_in_progress: config.max_concurrent_requests,
-            deletion_dedup_window: config.deletion_dedup_window,
-            deletion_dedup_capacity: config.deletion_dedup_capacity,
             watch_buffer: config.watch_buffer,
             node: config
                 .node_id
@@ -77,7 +72,6 @@ pub struct ReadStatesService {
     cache: Arc<Cache>,
     in_progress: Arc<Semaphore>,
     config: ServiceConfig,
-    recent_deletions: Arc<RecentDeletions>,
     /// Cancelled when shutdown begins: Watch streams end with UNAVAILABLE.
     stopping: CancellationToken,
     metrics: Arc<Methods>,
@@ -129,10 +123,6 @@ impl ReadStatesService {
         ReadStatesService {
             cache,
             in_progress: Arc::new(Semaphore::new(config.max_in_progress)),
-            recent_deletions: Arc::new(RecentDeletions::new(
-                config.deletion_dedup_window,
-                config.deletion_dedup_capacity,
-            )),
             config,
             stopping,
             metrics: Arc::new(metrics),
@@ -443,11 +433,10 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<MessageDeletedRequest>,
     ) -> Result<Response<MessageDeletedResponse>, Status> {
-        let recent = self.recent_deletions.clone();
         self.call_scattered(
             &self.metrics.message_deleted,
             request,
-            |cache, request| message_deleted::handle(cache, recent.clone(), request),
+            message_deleted::handle,
             |mut client, request| async move { client.message_deleted(request).await },
         )
         .await

@@ -1,165 +1,167 @@
-//! The deletions a node applied recently, so that a retried MessageDeleted
-//! lowers no count twice.
+//! The deleted messages each user was lowered for recently, so that a
+//! retried MessageDeleted lowers no user twice.
 //!
 //! A deletion lowers the counts of every read state that counted its message,
 //! and nothing in the read state tells a first delivery from a retry (the
-//! watermark stays where it was). So a deletion is claimed here, by (channel,
-//! kind, message, recipients), before it is applied: a second delivery while the first
-//! is under way is told to retry, one after it was applied does nothing, and
-//! one whose first delivery was cut before it applied goes ahead. Applied
-//! deletions are remembered for a window and at most `capacity` of them,
-//! oldest forgotten first.
+//! watermark stays where it was). So each lowering is remembered by (user,
+//! channel, kind, message), whatever request it came in: a retry, a retry
+//! that lists the users differently (a refreshed member list, another split
+//! in batches) and a deletion split over several requests all lower each
+//! user at most once. The memory is kept in the user's cache shard and
+//! checked and written under the shard's lock, in the step that lowers the
+//! user, so two deliveries at once cannot both lower it; it outlives the
+//! user's eviction. Lowerings are remembered for a window and at most
+//! `capacity` of them, oldest forgotten first.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use crate::read_state::Kind;
 
-/// Which deletion: one message of one channel, counted in one kind, for
-/// one set of users. The users are part of it because a message reaching
-/// more users than one request may list is deleted in several requests, each
-/// a deletion of its own; a retry lists the same users again.
+/// Which message was deleted: one message of one channel, counted in one
+/// kind of read state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Deletion {
     pub channel_id: u64,
     pub message_id: u64,
     pub kind: Kind,
-    /// A hash of the users and what the message was to each.
-    pub recipients: u64,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Seen {
-    /// A delivery is being applied.
-    Claimed,
-    /// Applied at this instant.
-    Applied(Instant),
+/// One user's lowering, flat so that it packs in 40 bytes.
+#[derive(Clone, Copy, Debug)]
+struct Lowered {
+    user_id: u64,
+    channel_id: u64,
+    message_id: u64,
+    /// Milliseconds since the memory's epoch.
+    at_ms: u64,
+    kind: Kind,
 }
 
-/// What [`RecentDeletions::claim`] found.
-#[derive(Debug)]
-pub enum Claim<'a> {
-    /// Apply it; call [`Claimed::applied`] in the same step that applies it.
-    New(Claimed<'a>),
-    /// Applied within the window: do nothing.
-    Applied,
-    /// Another delivery is being applied right now.
-    UnderWay,
+impl Lowered {
+    fn is(&self, user_id: u64, deletion: Deletion) -> bool {
+        self.user_id == user_id
+            && self.channel_id == deletion.channel_id
+            && self.message_id == deletion.message_id
+            && self.kind == deletion.kind
+    }
+
+    fn hash(&self) -> u64 {
+        let deletion = Deletion {
+            channel_id: self.channel_id,
+            message_id: self.message_id,
+            kind: self.kind,
+        };
+        hash(self.user_id, deletion)
+    }
 }
 
+/// The lowerings of one shard's users.
 #[derive(Debug)]
 pub struct RecentDeletions {
-    inner: Mutex<Inner>,
+    /// Oldest first; `lowered[i]` has the sequence number `first + i`.
+    lowered: VecDeque<Lowered>,
+    /// Sequence numbers of `lowered`, by the hash of what they hold.
+    index: HashTable<u32>,
+    first: u32,
     window: Duration,
     capacity: usize,
-}
-
-#[derive(Debug, Default)]
-struct Inner {
-    seen: HashMap<Deletion, Seen>,
-    /// Applied deletions, oldest first.
-    applied: VecDeque<(Instant, Deletion)>,
+    epoch: Instant,
 }
 
 impl RecentDeletions {
     pub fn new(window: Duration, capacity: usize) -> RecentDeletions {
         RecentDeletions {
-            inner: Mutex::default(),
+            lowered: VecDeque::new(),
+            index: HashTable::new(),
+            first: 0,
             window,
             capacity: capacity.max(1),
+            epoch: Instant::now(),
         }
     }
 
-    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether `user_id` was lowered for `deletion` within the window.
+    pub fn lowered(&mut self, user_id: u64, deletion: Deletion) -> bool {
+        self.forget_expired();
+        let (lowered, first) = (&self.lowered, self.first);
+        self.index
+            .find(hash(user_id, deletion), |&seq| {
+                lowered[seq.wrapping_sub(first) as usize].is(user_id, deletion)
+            })
+            .is_some()
     }
 
-    pub fn claim(&self, deletion: Deletion) -> Claim<'_> {
-        let mut inner = self.inner();
-        inner.forget_before(Instant::now().checked_sub(self.window));
-        match inner.seen.get(&deletion) {
-            Some(Seen::Applied(_)) => Claim::Applied,
-            Some(Seen::Claimed) => Claim::UnderWay,
-            None => {
-                inner.seen.insert(deletion, Seen::Claimed);
-                Claim::New(Claimed {
-                    deletions: self,
-                    deletion,
-                    applied: AtomicBool::new(false),
-                })
-            }
+    /// Remembers that `user_id` was lowered for `deletion` (not already
+    /// remembered: see [`RecentDeletions::lowered`]).
+    pub fn remember(&mut self, user_id: u64, deletion: Deletion) {
+        if self.lowered.len() >= self.capacity {
+            self.forget_oldest();
         }
+        let seq = self.first.wrapping_add(self.lowered.len() as u32);
+        self.lowered.push_back(Lowered {
+            user_id,
+            channel_id: deletion.channel_id,
+            message_id: deletion.message_id,
+            at_ms: self.now_ms(),
+            kind: deletion.kind,
+        });
+        let (lowered, first) = (&self.lowered, self.first);
+        self.index
+            .insert_unique(hash(user_id, deletion), seq, |&seq| {
+                lowered[seq.wrapping_sub(first) as usize].hash()
+            });
     }
 
-    /// Deletions remembered (applied or under way).
+    /// Lowerings remembered.
     pub fn len(&self) -> usize {
-        self.inner().seen.len()
+        self.lowered.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.lowered.is_empty()
     }
 
-    fn settle(&self, deletion: Deletion, applied: bool) {
-        let mut inner = self.inner();
-        if !applied {
-            inner.seen.remove(&deletion);
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn forget_expired(&mut self) {
+        let Some(cutoff) = self.now_ms().checked_sub(self.window.as_millis() as u64) else {
             return;
-        }
-        let now = Instant::now();
-        inner.seen.insert(deletion, Seen::Applied(now));
-        inner.applied.push_back((now, deletion));
-        while inner.applied.len() > self.capacity {
-            inner.forget_oldest();
-        }
-    }
-}
-
-impl Inner {
-    fn forget_before(&mut self, cutoff: Option<Instant>) {
-        let Some(cutoff) = cutoff else { return };
-        while self.applied.front().is_some_and(|&(at, _)| at <= cutoff) {
+        };
+        while self.lowered.front().is_some_and(|l| l.at_ms <= cutoff) {
             self.forget_oldest();
         }
     }
 
     fn forget_oldest(&mut self) {
-        if let Some((at, deletion)) = self.applied.pop_front()
-            // Only if it was not claimed again since (after an earlier forget).
-            && self.seen.get(&deletion) == Some(&Seen::Applied(at))
-        {
-            self.seen.remove(&deletion);
+        let Some(oldest) = self.lowered.pop_front() else {
+            return;
+        };
+        let first = self.first;
+        if let Ok(entry) = self.index.find_entry(oldest.hash(), |&seq| seq == first) {
+            entry.remove();
         }
+        self.first = self.first.wrapping_add(1);
     }
 }
 
-/// A claimed deletion: remembered as applied when dropped after
-/// [`Claimed::applied`], forgotten otherwise (a delivery cut before it
-/// applied, so that its retry applies it).
-#[derive(Debug)]
-pub struct Claimed<'a> {
-    deletions: &'a RecentDeletions,
-    deletion: Deletion,
-    applied: AtomicBool,
-}
-
-impl Claimed<'_> {
-    /// The deletion is applied (called where it is, without an `.await`
-    /// between, so a dropped request cannot lose this).
-    pub fn applied(&self) {
-        self.applied.store(true, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Claimed<'_> {
-    fn drop(&mut self) {
-        self.deletions
-            .settle(self.deletion, self.applied.load(Ordering::Relaxed));
-    }
+/// The splitmix64 finalizer over the key's fields.
+fn hash(user_id: u64, deletion: Deletion) -> u64 {
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let key = mix(user_id)
+        ^ mix(deletion.channel_id).rotate_left(17)
+        ^ mix(deletion.message_id).rotate_left(31)
+        ^ deletion.kind as u64;
+    mix(key)
 }
 
 #[cfg(test)]
@@ -170,63 +172,48 @@ mod tests {
         channel_id: 1,
         message_id: 2,
         kind: Kind::Channel,
-        recipients: 3,
     };
 
     #[tokio::test(start_paused = true)]
-    async fn an_applied_deletion_is_remembered_for_the_window() {
-        let recent = RecentDeletions::new(Duration::from_secs(600), 10);
-        let Claim::New(claimed) = recent.claim(D) else {
-            panic!("first delivery")
-        };
-        assert!(matches!(recent.claim(D), Claim::UnderWay));
-        claimed.applied();
-        drop(claimed);
-        assert!(matches!(recent.claim(D), Claim::Applied));
+    async fn a_lowering_is_remembered_for_the_window() {
+        let mut recent = RecentDeletions::new(Duration::from_secs(600), 10);
+        assert!(!recent.lowered(7, D));
+        recent.remember(7, D);
+        assert!(recent.lowered(7, D));
+        assert!(!recent.lowered(8, D), "another user");
+        assert!(!recent.lowered(7, Deletion { message_id: 3, ..D }));
+        assert!(!recent.lowered(7, Deletion { channel_id: 3, ..D }));
         tokio::time::advance(Duration::from_secs(599)).await;
-        assert!(matches!(recent.claim(D), Claim::Applied));
+        assert!(recent.lowered(7, D));
         tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(matches!(recent.claim(D), Claim::New(_)), "past the window");
-        assert!(recent.is_empty(), "the unapplied claim is forgotten");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_delivery_cut_before_it_applied_leaves_nothing_behind() {
-        let recent = RecentDeletions::new(Duration::from_secs(600), 10);
-        drop(recent.claim(D));
-        assert!(matches!(recent.claim(D), Claim::New(_)));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn another_batch_of_the_same_message_is_another_deletion() {
-        let recent = RecentDeletions::new(Duration::from_secs(600), 10);
-        let Claim::New(claimed) = recent.claim(D) else {
-            panic!("first batch")
-        };
-        claimed.applied();
-        drop(claimed);
-        let second_batch = Deletion { recipients: 4, ..D };
-        assert!(matches!(recent.claim(second_batch), Claim::New(_)));
+        assert!(!recent.lowered(7, D), "past the window");
+        assert!(recent.is_empty(), "forgotten");
     }
 
     #[tokio::test(start_paused = true)]
     async fn beyond_the_capacity_the_oldest_are_forgotten() {
-        let recent = RecentDeletions::new(Duration::from_secs(600), 3);
-        for message_id in 1..=5 {
-            let deletion = Deletion { message_id, ..D };
-            let Claim::New(claimed) = recent.claim(deletion) else {
-                panic!("new")
-            };
-            claimed.applied();
+        let mut recent = RecentDeletions::new(Duration::from_secs(600), 3);
+        for user_id in 1..=5 {
+            recent.remember(user_id, D);
         }
         assert_eq!(recent.len(), 3);
-        assert!(matches!(
-            recent.claim(Deletion { message_id: 1, ..D }),
-            Claim::New(_)
-        ));
-        assert!(matches!(
-            recent.claim(Deletion { message_id: 5, ..D }),
-            Claim::Applied
-        ));
+        assert!(!recent.lowered(1, D));
+        assert!(!recent.lowered(2, D));
+        assert!((3..=5).all(|user_id| recent.lowered(user_id, D)));
+    }
+
+    /// The index holds sequence numbers that wrap: a long-lived memory keeps
+    /// finding what it holds past `u32::MAX` lowerings.
+    #[tokio::test(start_paused = true)]
+    async fn sequence_numbers_wrap() {
+        let mut recent = RecentDeletions::new(Duration::from_secs(600), 4);
+        recent.first = u32::MAX - 2;
+        for user_id in 1..=10 {
+            recent.remember(user_id, D);
+            assert!(recent.lowered(user_id, D), "user {user_id}");
+        }
+        assert_eq!(recent.len(), 4);
+        assert!((7..=10).all(|user_id| recent.lowered(user_id, D)));
+        assert!(!recent.lowered(6, D));
     }
 }

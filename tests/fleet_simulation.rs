@@ -121,6 +121,7 @@ async fn simulate(seed: u64) -> usize {
                 write_delay: Duration::from_millis(200 + rng.u64(..2_000)),
                 max_evicted_unwritten: 10_000,
                 write_concurrency: 4,
+                ..CacheConfig::default()
             },
             store.clone() as Arc<dyn Store>,
             Arc::new(Ownership::member()),

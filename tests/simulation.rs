@@ -692,6 +692,7 @@ async fn simulate(seed: u64) -> Outcome {
                 write_delay: cache_write_delay,
                 max_evicted_unwritten: 100_000,
                 write_concurrency: rng.usize(1..5),
+                ..CacheConfig::default()
             },
             store.clone(),
         );

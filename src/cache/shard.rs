@@ -18,6 +18,7 @@ use tokio::time::{Duration, Instant};
 use super::arena::{Arena, Block, Stored};
 use super::users::{CachedUser, Flags, Slot, Users};
 use crate::read_state::{Entries, UserReadStates, UserView};
+use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
 
@@ -131,10 +132,17 @@ pub(crate) struct Shard {
     watchers: HashMap<u64, Vec<Subscriber>>,
     /// Zero of the shard's millisecond clock (see [`CachedUser::since_ms`]).
     epoch: Instant,
+    /// The deleted messages this shard's users were lowered for (kept apart
+    /// from the users: it outlives their eviction).
+    pub(crate) deletions: RecentDeletions,
 }
 
 impl Shard {
-    pub(crate) fn new(capacity: usize, evicted_total: Arc<AtomicUsize>) -> Shard {
+    pub(crate) fn new(
+        capacity: usize,
+        evicted_total: Arc<AtomicUsize>,
+        deletions: RecentDeletions,
+    ) -> Shard {
         Shard {
             users: Users::new(),
             arena: Arena::default(),
@@ -152,6 +160,7 @@ impl Shard {
             wake: false,
             watchers: HashMap::new(),
             epoch: Instant::now(),
+            deletions,
         }
     }
 
@@ -799,7 +808,8 @@ mod tests {
 
     #[test]
     fn a_user_pinned_more_than_its_record_counts_stays_until_the_last_pin() {
-        let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)));
+        let deletions = RecentDeletions::new(Duration::from_secs(1), 1);
+        let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)), deletions);
         let pins = u32::from(u16::MAX) + 5;
         shard.insert_loaded(1, user_with(10), pins);
         for _ in 1..pins {

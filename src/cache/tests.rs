@@ -16,6 +16,7 @@ pub(crate) fn config(capacity: usize) -> CacheConfig {
         write_delay: Duration::from_secs(30),
         max_evicted_unwritten: 1_000,
         write_concurrency: 32,
+        ..CacheConfig::default()
     }
 }
 

@@ -1,9 +1,9 @@
-//! `MessageDeleted`: a deleted message lowers the counts it raised, once: the
-//! node remembers the deletions it applied (see [`RecentDeletions`]), so a
-//! retry within the window changes nothing.
+//! `MessageDeleted`: a deleted message lowers the counts it raised, once
+//! per user: each user's lowering is remembered in its cache shard (see
+//! [`crate::recent_deletions`]), so a retry within the window, however it
+//! lists the users, lowers nobody twice.
 
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use super::recipients::{Effect, recipients};
@@ -13,11 +13,10 @@ use crate::cache::Cache;
 use crate::error::Error;
 use crate::proto::{MessageDeletedRequest, MessageDeletedResponse};
 use crate::read_state::Key;
-use crate::recent_deletions::{Claim, Deletion, RecentDeletions};
+use crate::recent_deletions::Deletion;
 
 pub async fn handle(
     cache: Arc<Cache>,
-    recent: Arc<RecentDeletions>,
     request: MessageDeletedRequest,
 ) -> Result<MessageDeletedResponse, Error> {
     let key = Key {
@@ -30,39 +29,17 @@ pub async fn handle(
         channel_id: key.channel_id,
         message_id,
         kind: key.kind,
-        recipients: hash(&effects),
-    };
-    let claimed = match recent.claim(deletion) {
-        Claim::New(claimed) => claimed,
-        Claim::Applied => return Ok(MessageDeletedResponse { updated: 0 }),
-        Claim::UnderWay => return Err(Error::DeletionUnderWay { message_id }),
     };
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
-    let last = user_ids.len().saturating_sub(1);
-    let changed = cache
-        .update_many(&user_ids, |index, user, now_us| {
+    let lowered = cache
+        .update_many_once(&user_ids, deletion, |index, user, now_us| {
             let mentioned = effects[index].1 == Effect::Mention;
-            let changed = user.message_deleted(key, message_id, mentioned, now_us);
-            // The last user is changed in the same step as the first (no
-            // `.await` between): from here the deletion is applied, even if
-            // the request is dropped before it answers.
-            if index == last {
-                claimed.applied();
-            }
-            changed
+            user.message_deleted(key, message_id, mentioned, now_us)
         })
         .await?;
     Ok(MessageDeletedResponse {
-        updated: changed.into_iter().filter(|&c| c).count() as u32,
+        updated: lowered.into_iter().filter(|&l| l).count() as u32,
     })
-}
-
-/// Identifies the request's recipients (sorted and deduplicated already), so
-/// that another batch of the same message is another deletion.
-fn hash(effects: &[(u64, Effect)]) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    effects.hash(&mut hasher);
-    hasher.finish()
 }
 
 impl Scatter for MessageDeletedRequest {

@@ -30,6 +30,7 @@ fn start_with_delay(
             write_delay,
             max_evicted_unwritten: 1_000,
             write_concurrency: 32,
+            ..CacheConfig::default()
         },
         store,
     );
@@ -310,6 +311,7 @@ fn start_one_shard(
             write_delay,
             max_evicted_unwritten: 1_000,
             write_concurrency,
+            ..CacheConfig::default()
         },
         store,
     );

@@ -203,3 +203,41 @@ async fn a_deletion_split_in_batches_applies_every_batch_once() {
         assert_eq!(state.unread_count, 0, "user {user_id}");
     }
 }
+
+/// Issue 24, item 3: the dedup key held a hash of the request's user list,
+/// so a retry listing other users (a refreshed member list, another split)
+/// was a new deletion, and lowered its users a second time. Each user is
+/// lowered at most once per deleted message, whatever the batching.
+#[tokio::test]
+async fn a_retry_with_another_user_list_lowers_each_user_at_most_once() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    for id in [1, 2] {
+        c.message_created(message(10, id, 0, &[], &[1]))
+            .await
+            .unwrap();
+    }
+    c.message_created(message(10, 1, 0, &[], &[2]))
+        .await
+        .unwrap();
+    let first = c.message_deleted(deleted(10, 1, &[], &[1])).await;
+    assert_eq!(first.unwrap().into_inner().updated, 1);
+    let retry = c.message_deleted(deleted(10, 1, &[], &[1])).await;
+    assert_eq!(retry.unwrap().into_inner().updated, 0);
+    let refreshed = c.message_deleted(deleted(10, 1, &[], &[1, 2])).await;
+    assert_eq!(
+        refreshed.unwrap().into_inner().updated,
+        1,
+        "user 2 only: user 1 was lowered already"
+    );
+    // Split the other way, and with user 1 named as mentioned this time.
+    let split = c.message_deleted(deleted(10, 1, &[1], &[2])).await;
+    assert_eq!(split.unwrap().into_inner().updated, 0);
+    let unread = |r: GetReadStatesResponse| r.read_states[0].unread_count;
+    assert_eq!(
+        unread(app.all_read_states(1).await),
+        1,
+        "message 2 is unread"
+    );
+    assert_eq!(unread(app.all_read_states(2).await), 0);
+}

@@ -50,7 +50,12 @@ impl Fleet {
             servers: Vec::new(),
         };
         for id in IDS {
-            let server = fleet.serve(id, "127.0.0.1:0");
+            // A port of its own, known before it starts: the node advertises
+            // it (port 0 is no address anyone can reach, and is refused).
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let listen = free.local_addr().unwrap().to_string();
+            drop(free);
+            let server = fleet.serve(id, &listen);
             let node = Node {
                 id: id.to_owned(),
                 address: server.grpc.to_string(),
