@@ -210,6 +210,11 @@ impl Feed {
         self.queue().users.iter().copied().collect()
     }
 
+    /// Whether `user_id` is subscribed on this feed.
+    pub fn watches(&self, user_id: u64) -> bool {
+        self.queue().users.contains(&user_id)
+    }
+
     pub fn subscribed(&self) -> usize {
         self.queue().users.len()
     }

@@ -16,7 +16,9 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
@@ -75,29 +77,49 @@ impl Drop for Sender {
     }
 }
 
+/// Requests read ahead of the one being applied. HTTP/2 keeps only a few
+/// thousand small DATA frames that the application has not read before it
+/// closes the whole connection (h2's flood budget), so requests are read as
+/// they arrive and wait here instead: enough for a gateway that subscribes
+/// as many users as a stream takes, all at once. A client further ahead
+/// than this is not read until the stream catches up.
+const READ_AHEAD: usize = validate::MAX_WATCHED_USERS_PER_STREAM + 1_024;
+
+/// Subscribed users loaded at once, ahead of their subscribes.
+const LOADS_AHEAD: usize = 64;
+
 /// Applies the stream's requests until the stream ends, then unsubscribes
-/// everything it subscribed.
+/// everything it subscribed. A task reads them as they arrive (see
+/// [`READ_AHEAD`]); the users of the next subscribes are loaded
+/// concurrently ([`LOADS_AHEAD`]), and each request is applied in order once
+/// its events have room.
 async fn serve_requests(
     cache: Arc<Cache>,
-    mut requests: Streaming<WatchRequest>,
+    requests: Streaming<WatchRequest>,
     feed: Arc<Feed>,
     stopping: CancellationToken,
     mut relays: Option<relay::Relays>,
 ) {
+    let (read, pending) = mpsc::channel(READ_AHEAD);
+    tokio::spawn(read_requests(requests, read));
+    let mut pending = ReceiverStream::new(pending)
+        .map(|request| load_ahead(&cache, request))
+        .buffered(LOADS_AHEAD);
     let mut reading = true;
     loop {
         // One request: wait for room (a client that does not read its
-        // events gets no more requests read), read it, apply it; raced
-        // against shutdown and the stream's end, so neither waits for it.
+        // events gets no more requests applied), then apply the next;
+        // raced against shutdown and the stream's end, so neither waits
+        // for it.
         let step = async {
             feed.room().await;
-            match requests.message().await {
-                Ok(Some(request)) => {
+            match pending.next().await {
+                Some(Ok(request)) => {
                     apply(&cache, &feed, relays.as_mut(), request).await;
                     Ok(true)
                 }
-                Ok(None) => Ok(false),
-                Err(status) => Err(status),
+                None => Ok(false),
+                Some(Err(status)) => Err(*status),
             }
         };
         tokio::select! {
@@ -118,9 +140,47 @@ async fn serve_requests(
             },
         }
     }
+    // Dropping `pending` ends the reader.
     for user_id in feed.users() {
         cache.unsubscribe(user_id, &feed);
     }
+}
+
+/// A request read ahead, or why the request stream cannot be read (boxed:
+/// a `Status` is several times a request's size, and the queue holds many).
+type Read = Result<WatchRequest, Box<Status>>;
+
+/// Reads requests as they arrive, until the stream ends (an undecodable one
+/// is passed on, and ends it) or nobody takes them any more.
+async fn read_requests(mut requests: Streaming<WatchRequest>, read: mpsc::Sender<Read>) {
+    loop {
+        let message = tokio::select! {
+            () = read.closed() => return,
+            message = requests.message() => message,
+        };
+        let request = match message {
+            Ok(Some(request)) => Ok(request),
+            Ok(None) => return,
+            Err(status) => Err(Box::new(status)),
+        };
+        let ends = request.is_err();
+        if read.send(request).await.is_err() || ends {
+            return;
+        }
+    }
+}
+
+/// A request, once the user it subscribes is in the cache (or could not be
+/// loaded, which its subscribe will say; user 0 is refused there).
+async fn load_ahead(cache: &Arc<Cache>, request: Read) -> Read {
+    if let Ok(WatchRequest {
+        action: Some(watch_request::Action::Subscribe(subscribe)),
+    }) = &request
+        && subscribe.user_id != 0
+    {
+        let _ = cache.load(subscribe.user_id).await;
+    }
+    request
 }
 
 async fn apply(
@@ -175,8 +235,10 @@ async fn subscribe_user(
     since: u64,
 ) -> Result<(), Error> {
     let user_id = validate::id("subscribe.user_id", user_id)?;
+    // Only a user the stream does not watch yet adds to it.
+    let watched = feed.watches(user_id) || relays.as_ref().is_some_and(|r| r.relays(user_id));
     let relayed = relays.as_ref().map_or(0, |r| r.count());
-    if feed.subscribed() + relayed >= validate::MAX_WATCHED_USERS_PER_STREAM {
+    if !watched && feed.subscribed() + relayed >= validate::MAX_WATCHED_USERS_PER_STREAM {
         return Err(Error::TooManySubscriptions {
             limit: validate::MAX_WATCHED_USERS_PER_STREAM,
         });

@@ -125,6 +125,55 @@ fn init_log(config: &Config) {
     });
 }
 
+/// Waits until `condition` holds, at most 20 s.
+pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The real binary, `readstates serve --store memory` with `args`, on a
+/// port of its own; killed when dropped.
+pub async fn spawn_process(args: &[&str]) -> (tokio::process::Child, SocketAddr) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let server = tokio::process::Command::new(env!("CARGO_BIN_EXE_readstates"))
+        .args([
+            "serve",
+            "--store",
+            "memory",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--listen")
+        .arg(addr.to_string())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start readstates");
+    eventually("the server serving", async || {
+        ReadStatesClient::connect(format!("http://{addr}"))
+            .await
+            .is_ok()
+    })
+    .await;
+    (server, addr)
+}
+
+/// SIGTERM, as an orchestrator stops a server.
+pub fn terminate(server: &tokio::process::Child) {
+    let pid = server.id().expect("running").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+}
+
 /// A plaintext channel to `addr`.
 pub async fn plaintext(addr: SocketAddr) -> Channel {
     Channel::from_shared(format!("http://{addr}"))

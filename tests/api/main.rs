@@ -12,6 +12,7 @@ mod helpers;
 mod message_created;
 mod message_deleted;
 mod operations;
+mod raw_h2;
 mod redelivery;
 mod restart;
 mod set_muted;

@@ -39,7 +39,9 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName}
 use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::helpers::{TestApp, spawn_app_connected, spawn_member_connected, test_config};
+use crate::helpers::{
+    TestApp, eventually, spawn_app_connected, spawn_member_connected, test_config,
+};
 
 /// Handshake failures are counted process-wide: TLS tests run one at a
 /// time, so that each sees exactly its own.
@@ -494,14 +496,6 @@ async fn a_rotated_certificate_is_served_without_a_restart() {
         .await
         .expect("a connection made before the rotation goes on");
     app.stop().await;
-}
-
-async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Fleet nodes over mTLS call each other with their own certificates: the

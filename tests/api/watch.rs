@@ -14,7 +14,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
+use crate::helpers::{
+    TestApp, spawn_app, spawn_app_on, spawn_app_with, spawn_process, terminate, test_config,
+};
+use crate::raw_h2;
 
 /// One open Watch stream (the fleet tests use it too).
 pub struct Watcher {
@@ -165,6 +168,10 @@ async fn a_subscription_gets_the_delta_then_every_change_in_order() {
     let (user_id, full) = watcher.changed().await;
     assert_eq!((user_id, full.partial), (2, false));
     watcher.unsubscribe(1).await;
+    // Requests are applied in order: once this one's refusal is back, the
+    // unsubscribe is done (it travels on another connection than the acks).
+    watcher.unsubscribe(7).await;
+    assert_eq!(watcher.rejected().await.0, 7);
     app.client.ack(ack(1, 12, 1)).await.unwrap();
     app.client.ack(ack(2, 12, 1)).await.unwrap();
     let (user_id, _) = watcher.changed().await;
@@ -262,6 +269,89 @@ async fn a_slow_reader_gets_a_resync_and_never_slows_writers() {
     let now = app.all_read_states(1).await;
     assert_eq!(missed.version, now.version);
     assert_eq!(missed.read_states[0].last_acked_id, CHANGES);
+}
+
+fn subscribe(user_id: u64) -> WatchRequest {
+    WatchRequest {
+        action: Some(watch_request::Action::Subscribe(WatchSubscribe {
+            user_id,
+            since_version: 0,
+        })),
+    }
+}
+
+/// Issue 24, item 1: a gateway re-subscribing its users after a restart or a
+/// move writes them all at once, each subscribe its own small DATA frame. The
+/// server read one and waited on its load before the next, the frames piled
+/// up in HTTP/2 (whose budget for small unread frames is about 4,000 here),
+/// and the connection was closed with ENHANCE_YOUR_CALM, every stream on it
+/// lost. Item 4: at the per-stream limit a re-subscribe of a watched user,
+/// which adds nothing, was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_subscribes_up_to_the_limit_is_answered_on_a_connection_that_stays_up() {
+    const LIMIT: u64 = 100_000; // validate::MAX_WATCHED_USERS_PER_STREAM
+    let mut app = spawn_app().await;
+    app.client.ack(ack(LIMIT, 10, 5)).await.unwrap();
+    let connection = raw_h2::connect(app.addr, 1 << 20).await;
+    let mut watch = raw_h2::open(&connection, "/readstates.v1.ReadStates/Watch").await;
+    for user_id in 1..=LIMIT {
+        watch
+            .send(&subscribe(user_id))
+            .unwrap_or_else(|e| panic!("subscribe {user_id}: the stream is gone: {e}"));
+    }
+    eprintln!("sent");
+    let mut answered = std::collections::HashSet::new();
+    while answered.len() < LIMIT as usize {
+        let event: WatchEvent = tokio::time::timeout(Duration::from_secs(60), watch.next())
+            .await
+            .expect("answers keep coming")
+            .unwrap_or_else(|ended| panic!("ended after {} answers: {ended:?}", answered.len()));
+        match event.event {
+            Some(watch_event::Event::Changed(_)) => {
+                assert!(answered.insert(event.user_id));
+                if answered.len() % 10000 == 0 {
+                    eprintln!("{}", answered.len());
+                }
+            }
+            other => panic!("user {}: {other:?}", event.user_id),
+        }
+    }
+
+    // Item 4: watched already, so nothing is added.
+    watch.send(&subscribe(LIMIT)).unwrap();
+    let event: WatchEvent = watch.next().await.unwrap();
+    assert_eq!(event.user_id, LIMIT);
+    match event.event {
+        Some(watch_event::Event::Changed(changed)) => {
+            assert_eq!(changed.read_states[0].last_acked_id, 5)
+        }
+        other => panic!("a re-subscribe at the limit: {other:?}"),
+    }
+    watch.send(&subscribe(LIMIT + 1)).unwrap();
+    let event: WatchEvent = watch.next().await.unwrap();
+    match event.event {
+        Some(watch_event::Event::Rejected(rejected)) => {
+            assert_eq!(
+                (event.user_id, rejected.code),
+                (LIMIT + 1, Code::ResourceExhausted as i32)
+            )
+        }
+        other => panic!("one more user than the limit: {other:?}"),
+    }
+
+    // The connection is up: another call on it, and events on the stream.
+    let mut get = raw_h2::open(&connection, "/readstates.v1.ReadStates/GetReadStates").await;
+    get.send(&GetReadStatesRequest {
+        user_id: LIMIT,
+        ..GetReadStatesRequest::default()
+    })
+    .unwrap();
+    get.finish();
+    let response: GetReadStatesResponse = get.next().await.unwrap();
+    assert_eq!(response.read_states[0].last_acked_id, 5);
+    app.client.ack(ack(7, 10, 1)).await.unwrap();
+    let event: WatchEvent = watch.next().await.unwrap();
+    assert_eq!(event.user_id, 7);
 }
 
 #[tokio::test]
@@ -367,6 +457,95 @@ async fn shutdown_ends_streams_with_unavailable() {
         .expect("shutdown is not held up by the stream")
         .unwrap();
     assert_eq!(report.unwritten, 0);
+}
+
+/// Issue 24, item 2: a reader that had fallen behind when SIGTERM came got
+/// about two thirds of its queued events, then the connection closed with
+/// no status. It must get every queued event, then UNAVAILABLE, as long as
+/// it reads within the request grace (10 s). The real binary: the process
+/// exits once shutdown is done, which in-process servers never show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_at_shutdown_gets_every_queued_event_then_unavailable() {
+    const USERS: u64 = 20;
+    const MESSAGES: u64 = 150;
+    let (mut server, addr) = spawn_process(&[]).await;
+    let mut client = ReadStatesClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    // 16 KiB ahead of what the test reads: the rest waits on the server,
+    // whose stream buffer (1,024 events) fills and resyncs users.
+    let (connection, open_windows) = raw_h2::connect_with_windows(addr, 16 * 1024).await;
+    let mut watch = raw_h2::open(&connection, "/readstates.v1.ReadStates/Watch").await;
+    for user_id in 1..=USERS {
+        watch.send(&subscribe(user_id)).unwrap();
+    }
+    for _ in 1..=USERS {
+        let snapshot: WatchEvent = watch.next().await.unwrap();
+        assert!(matches!(
+            snapshot.event,
+            Some(watch_event::Event::Changed(_))
+        ));
+    }
+    let users: Vec<u64> = (1..=USERS).collect();
+    for message_id in 1..=MESSAGES {
+        let request = message(10, message_id, 999, &[], &users);
+        client.message_created(request).await.unwrap();
+    }
+    let mut last = std::collections::HashMap::new();
+    for user_id in 1..=USERS {
+        let request = GetReadStatesRequest {
+            user_id,
+            ..GetReadStatesRequest::default()
+        };
+        let response = client.get_read_states(request).await.unwrap();
+        last.insert(user_id, response.into_inner().version);
+    }
+
+    terminate(&server);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    open_windows.send(16 << 20).unwrap();
+    let mut changes = std::collections::HashMap::<u64, Vec<u64>>::new();
+    let mut resyncs = std::collections::HashMap::new();
+    let ending = loop {
+        let next = tokio::time::timeout(Duration::from_secs(5), watch.next::<WatchEvent>());
+        match next.await.expect("the stream goes on until it ends") {
+            Ok(event) => match event.event {
+                Some(watch_event::Event::Changed(c)) => {
+                    assert!(!resyncs.contains_key(&event.user_id), "after a resync");
+                    changes.entry(event.user_id).or_default().push(c.version)
+                }
+                Some(watch_event::Event::Resync(r)) => {
+                    assert!(resyncs.insert(event.user_id, r.version).is_none());
+                }
+                other => panic!("user {}: {other:?}", event.user_id),
+            },
+            Err(ending) => break ending,
+        }
+    };
+    let received: usize = changes.values().map(Vec::len).sum();
+    for user_id in 1..=USERS {
+        let versions = changes.remove(&user_id).unwrap_or_default();
+        assert!(versions.is_sorted(), "user {user_id} in version order");
+        // Every event queued for the user came: up to its resync, if it
+        // had one, or else up to its last change.
+        let until = resyncs.get(&user_id).unwrap_or(&last[&user_id]);
+        assert_eq!(
+            versions.last(),
+            Some(until),
+            "user {user_id}: {received} events received in all, {} resyncs, then {ending:?}",
+            resyncs.len()
+        );
+    }
+    assert_eq!(
+        ending.0,
+        (Code::Unavailable as i32).to_string(),
+        "{ending:?}"
+    );
+    let exit = tokio::time::timeout(Duration::from_secs(20), server.wait())
+        .await
+        .expect("it exits")
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
 }
 
 /// Found in review: a stream whose request task waited (here on a user's

@@ -65,6 +65,11 @@ impl Relays {
         self.lock().len()
     }
 
+    /// Whether `user_id` is relayed on this stream.
+    pub fn relays(&self, user_id: u64) -> bool {
+        self.lock().contains_key(&user_id)
+    }
+
     /// Subscribes `user_id` at its owner, `owner`.
     pub async fn subscribe(&mut self, user_id: u64, owner: &str, since: u64) -> Result<(), Error> {
         let request = WatchRequest {
