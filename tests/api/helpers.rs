@@ -135,8 +135,24 @@ pub async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
 }
 
 /// The real binary, `readstates serve --store memory` with `args`, on a
-/// port of its own; killed when dropped.
+/// port of its own, serving (plaintext); killed when dropped.
 pub async fn spawn_process(args: &[&str]) -> (tokio::process::Child, SocketAddr) {
+    let (server, addr) = start_process(args, std::process::Stdio::inherit());
+    eventually("the server serving", async || {
+        ReadStatesClient::connect(format!("http://{addr}"))
+            .await
+            .is_ok()
+    })
+    .await;
+    (server, addr)
+}
+
+/// [`spawn_process`] with its stderr to `stderr`, not waiting for it to
+/// serve (a caller over TLS checks that itself).
+pub fn start_process(
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> (tokio::process::Child, SocketAddr) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     drop(listener);
@@ -152,15 +168,10 @@ pub async fn spawn_process(args: &[&str]) -> (tokio::process::Child, SocketAddr)
         .arg(addr.to_string())
         .args(args)
         .env_remove("RUST_LOG")
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("start readstates");
-    eventually("the server serving", async || {
-        ReadStatesClient::connect(format!("http://{addr}"))
-            .await
-            .is_ok()
-    })
-    .await;
     (server, addr)
 }
 

@@ -40,7 +40,7 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::helpers::{
-    TestApp, eventually, spawn_app_connected, spawn_member_connected, test_config,
+    TestApp, eventually, spawn_app_connected, spawn_member_connected, start_process, test_config,
 };
 
 /// Handshake failures are counted process-wide: TLS tests run one at a
@@ -612,30 +612,22 @@ async fn bad_handshakes_are_logged_at_most_once_a_second() {
     let dir = TempDir::new().unwrap();
     let ca = Ca::new("log CA");
     let config = tls_config(dir.path(), &ca.issue("server"), Some(&ca));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    let server = tokio::process::Command::new(env!("CARGO_BIN_EXE_readstates"))
-        .args([
-            "serve",
-            "--store",
-            "memory",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--tls-cert")
-        .arg(config.tls_cert.unwrap())
-        .arg("--tls-key")
-        .arg(config.tls_key.unwrap())
-        .arg("--tls-client-ca")
-        .arg(config.tls_client_ca.unwrap())
-        .env_remove("RUST_LOG")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let (cert, key, client_ca) = (
+        config.tls_cert.unwrap(),
+        config.tls_key.unwrap(),
+        config.tls_client_ca.unwrap(),
+    );
+    let (server, addr) = start_process(
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--tls-client-ca",
+            client_ca.to_str().unwrap(),
+        ],
+        std::process::Stdio::piped(),
+    );
     let good = client_config(&ca, Some(&ca.issue("gateway")));
     eventually("the server serving", async || {
         new_client_call(addr, good.clone()).await.is_ok()
