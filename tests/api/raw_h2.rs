@@ -4,12 +4,18 @@
 //! behind).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
+use futures::task::AtomicWaker;
 use h2::client::{ResponseFuture, SendRequest};
 use h2::{RecvStream, SendStream};
 use prost::Message;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A connection whose streams each take at most `stream_window` bytes ahead
 /// of what the test reads, until [`open_windows`] says otherwise.
@@ -47,6 +53,87 @@ pub async fn connect_with_windows(
         }
     });
     (client, open)
+}
+
+/// A connection with large HTTP/2 windows whose socket the test stops
+/// reading with [`Gate::close`] (a 4 KiB receive buffer, so the server's
+/// writes soon block in TCP rather than in HTTP/2 flow control), as a
+/// client does whose process stalls.
+pub async fn connect_gated(addr: SocketAddr) -> (SendRequest<Bytes>, Arc<Gate>) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let tcp = socket.connect(addr).await.expect("connect");
+    let gate = Arc::new(Gate {
+        closed: AtomicBool::new(false),
+        opened: AtomicWaker::new(),
+    });
+    let io = Gated {
+        tcp,
+        gate: gate.clone(),
+    };
+    let (client, connection) = h2::client::Builder::new()
+        .initial_window_size(16 << 20)
+        .initial_connection_window_size(16 << 20)
+        .handshake(io)
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(connection);
+    (client, gate)
+}
+
+/// Whether the client reads its socket.
+#[derive(Debug)]
+pub struct Gate {
+    closed: AtomicBool,
+    opened: AtomicWaker,
+}
+
+impl Gate {
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+        self.opened.wake();
+    }
+}
+
+struct Gated {
+    tcp: TcpStream,
+    gate: Arc<Gate>,
+}
+
+impl AsyncRead for Gated {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        self.gate.opened.register(cx.waker());
+        if self.gate.closed.load(Ordering::SeqCst) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Gated {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
 }
 
 /// One call's two halves.

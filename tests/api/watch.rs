@@ -466,15 +466,42 @@ async fn shutdown_ends_streams_with_unavailable() {
 /// exits once shutdown is done, which in-process servers never show.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_behind_at_shutdown_gets_every_queued_event_then_unavailable() {
+    reader_behind_at_shutdown(Behind::Window).await;
+}
+
+/// The same, with the reader behind in TCP: it stopped reading its socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_stalled_at_shutdown_gets_every_queued_event_then_unavailable() {
+    reader_behind_at_shutdown(Behind::Socket).await;
+}
+
+/// How the test's reader falls behind.
+enum Behind {
+    /// Its HTTP/2 window lets the server only 16 KiB ahead.
+    Window,
+    /// It stops reading its socket.
+    Socket,
+}
+
+async fn reader_behind_at_shutdown(behind: Behind) {
     const USERS: u64 = 20;
     const MESSAGES: u64 = 150;
     let (mut server, addr) = spawn_process(&[]).await;
     let mut client = ReadStatesClient::connect(format!("http://{addr}"))
         .await
         .unwrap();
-    // 16 KiB ahead of what the test reads: the rest waits on the server,
-    // whose stream buffer (1,024 events) fills and resyncs users.
-    let (connection, open_windows) = raw_h2::connect_with_windows(addr, 16 * 1024).await;
+    // The rest waits on the server, whose stream buffer (1,024 events)
+    // fills and resyncs users.
+    let (connection, open_windows, gate) = match behind {
+        Behind::Window => {
+            let (connection, open) = raw_h2::connect_with_windows(addr, 16 * 1024).await;
+            (connection, Some(open), None)
+        }
+        Behind::Socket => {
+            let (connection, gate) = raw_h2::connect_gated(addr).await;
+            (connection, None, Some(gate))
+        }
+    };
     let mut watch = raw_h2::open(&connection, "/readstates.v1.ReadStates/Watch").await;
     for user_id in 1..=USERS {
         watch.send(&subscribe(user_id)).unwrap();
@@ -485,6 +512,9 @@ async fn a_reader_behind_at_shutdown_gets_every_queued_event_then_unavailable() 
             snapshot.event,
             Some(watch_event::Event::Changed(_))
         ));
+    }
+    if let Some(gate) = &gate {
+        gate.close();
     }
     let users: Vec<u64> = (1..=USERS).collect();
     for message_id in 1..=MESSAGES {
@@ -503,7 +533,12 @@ async fn a_reader_behind_at_shutdown_gets_every_queued_event_then_unavailable() 
 
     terminate(&server);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    open_windows.send(16 << 20).unwrap();
+    if let Some(open_windows) = open_windows {
+        open_windows.send(16 << 20).unwrap();
+    }
+    if let Some(gate) = &gate {
+        gate.open();
+    }
     let mut changes = std::collections::HashMap::<u64, Vec<u64>>::new();
     let mut resyncs = std::collections::HashMap::new();
     let ending = loop {
