@@ -11,6 +11,7 @@
 
 mod arena;
 mod gate;
+pub mod handoff;
 mod pins;
 pub(crate) mod shard;
 mod users;
@@ -38,12 +39,6 @@ pub(crate) use shard::{Due, LoadFailure, Loading, Shard, ShardGauges, ShardStats
 
 /// How often a release looks whether its users are all written.
 const RELEASE_POLL: Duration = Duration::from_millis(5);
-/// A pre-write is done when at most this many users are left unwritten.
-const PREWRITE_LEFT: usize = 64;
-/// A pre-write round ends when its writes made no progress this long
-/// (the users are still served meanwhile: patience costs only a longer
-/// ring change).
-const PREWRITE_STALL: Duration = Duration::from_secs(10);
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -623,38 +618,6 @@ impl Cache {
 
     pub fn ownership(&self) -> &Arc<Ownership> {
         &self.ownership
-    }
-
-    /// Writes the unwritten changes of the users of slots about to be
-    /// released while they are still served, so that the release itself
-    /// (during which the slots are served nowhere) has little left to write.
-    /// Rounds, each writing what is unwritten, until at most
-    /// [`PREWRITE_LEFT`] users are, or a round starts with no fewer than the
-    /// one before (their users change as fast as they are written). A round
-    /// waits while the writes make progress (a store that stalls for
-    /// [`PREWRITE_STALL`] ends it).
-    pub async fn prewrite(&self, leaving: impl Fn(u64) -> bool) {
-        let mut before = usize::MAX;
-        loop {
-            let users = self.users_leaving(&leaving);
-            self.expedite(&users);
-            let unsettled = self.unsettled(&users);
-            if unsettled <= PREWRITE_LEFT || unsettled >= before {
-                return;
-            }
-            before = unsettled;
-            let (mut best, mut since) = (unsettled, Instant::now());
-            while since.elapsed() < PREWRITE_STALL {
-                tokio::time::sleep(RELEASE_POLL).await;
-                let unsettled = self.unsettled(&users);
-                if unsettled <= PREWRITE_LEFT {
-                    break;
-                }
-                if unsettled < best {
-                    (best, since) = (unsettled, Instant::now());
-                }
-            }
-        }
     }
 
     /// Per shard, its users (cached, evicted, watched) that `leaving` names.

@@ -10,6 +10,7 @@
 //!   gained ones from their previous owners ([`peers`]).
 
 pub mod admin;
+pub mod handoff;
 pub mod member;
 pub mod ownership;
 pub mod peers;

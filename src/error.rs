@@ -61,6 +61,14 @@ pub enum Error {
         epoch: u64,
         state: crate::cluster::ownership::SlotState,
     },
+    /// `HandOver` that this node does not take now (another epoch, or a
+    /// slot it is not acquiring from the sender): the sender writes the
+    /// users itself.
+    #[error("handoff refused in epoch {epoch}: {reason}")]
+    HandoffRefused { epoch: u64, reason: String },
+    /// A `HandOver` that broke off or did not add up: nothing of it is kept.
+    #[error("handoff broken: {0}")]
+    HandoffBroken(String),
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -87,7 +95,8 @@ impl Error {
             | Error::Unrelayed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
-            Error::NotReleased { .. } => Code::FailedPrecondition,
+            Error::NotReleased { .. } | Error::HandoffRefused { .. } => Code::FailedPrecondition,
+            Error::HandoffBroken(_) => Code::Aborted,
         }
     }
 }

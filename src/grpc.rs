@@ -14,6 +14,7 @@ mod delete_read_states;
 mod get_badge_counts;
 mod get_read_states;
 mod get_routing_table;
+mod hand_over;
 mod message_created;
 mod message_deleted;
 mod recipients;

@@ -37,6 +37,11 @@ pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
 pub const WATCHED_USERS: &str = "readstates_watched_users";
 pub const SLOTS: &str = "readstates_slots";
+/// Users of released slots, by how they left: `handed` over warm, or
+/// `written` to the store and dropped (a handoff that failed).
+pub const MOVED_USERS: &str = "readstates_moved_users_total";
+/// Users installed from handoffs by their previous owners.
+pub const HANDED_IN_USERS: &str = "readstates_handed_in_users_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 

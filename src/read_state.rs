@@ -775,6 +775,11 @@ impl<'a> UserView<'a> {
         self.header.clear_pending.then_some(self.header.delta_floor)
     }
 
+    /// See [`UserReadStates::unwritten_count`].
+    pub fn unwritten_count(self) -> usize {
+        self.unwritten_entries().count() + usize::from(self.header.clear_pending)
+    }
+
     /// The entries a write must carry: those changed after `written_version`.
     pub fn unwritten_entries(self) -> impl Iterator<Item = &'a ReadState> {
         let written = self.header.written_version;

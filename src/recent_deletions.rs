@@ -116,6 +116,22 @@ impl RecentDeletions {
             });
     }
 
+    /// The lowerings of the users `which` names (to hand them over with
+    /// their users, see `cache::handoff`).
+    pub fn of(&self, which: impl Fn(u64) -> bool) -> impl Iterator<Item = (u64, Deletion)> {
+        self.lowered
+            .iter()
+            .filter(move |l| which(l.user_id))
+            .map(|l| {
+                let deletion = Deletion {
+                    channel_id: l.channel_id,
+                    message_id: l.message_id,
+                    kind: l.kind,
+                };
+                (l.user_id, deletion)
+            })
+    }
+
     /// Lowerings remembered.
     pub fn len(&self) -> usize {
         self.lowered.len()

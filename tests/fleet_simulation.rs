@@ -2,7 +2,8 @@
 //!
 //! Three nodes share one store (which fails and slows down at random) and a
 //! ring kept in memory; nodes ask each other to release slots through
-//! in-process peers that fail and stall at random too. Clients route each
+//! in-process peers that fail and stall at random too, and hand users over
+//! through them, cut, duplicated, late or unanswered. Clients route each
 //! operation to the owner in the ring as stored (a gateway with a fresh
 //! table), and retry a refusal a few times. Meanwhile an operator changes
 //! the ring over and over: a canary joins at weight 0, ramps to 1% and to
@@ -27,8 +28,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use readstates::cache::{Cache, CacheConfig};
 use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::handoff::{Handoff, Part};
 use readstates::cluster::member::{Member, MemberConfig};
 use readstates::cluster::ownership::{Ownership, SlotState};
 use readstates::cluster::peers::Peers;
@@ -62,12 +66,15 @@ struct SimNode {
     stop: CancellationToken,
 }
 
-/// Nodes call each other's `ReleaseSlots` directly; a call fails or stalls
-/// at random (a partition that heals).
+/// Nodes call each other's `ReleaseSlots` and `HandOver` directly; a call
+/// fails or stalls at random (a partition that heals), and a handoff breaks
+/// in every way it can (see [`SimPeers::hand_over`]).
 #[derive(Debug, Default)]
 struct SimPeers {
     members: Mutex<HashMap<String, Member>>,
     rng: Mutex<Option<fastrand::Rng>>,
+    /// Users installed by handoffs whose sender was told so.
+    handed: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -79,7 +86,7 @@ impl Peers for SimPeers {
         slots: &[Slot],
         _from: &str,
     ) -> Result<(), String> {
-        let roll = self.rng.lock().unwrap().as_mut().map_or(1.0, |r| r.f64());
+        let roll = self.roll();
         if roll < 0.2 {
             return Err("partitioned".into());
         }
@@ -92,6 +99,61 @@ impl Peers for SimPeers {
             .release_slots(epoch, slots)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// A handoff fails before anything arrives, is cut at a random part,
+    /// arrives but its answer is lost, arrives twice, or late.
+    async fn hand_over(
+        &self,
+        address: &str,
+        handoff: Handoff,
+        parts: BoxStream<'static, Part>,
+    ) -> Result<usize, String> {
+        let roll = self.roll();
+        if roll < 0.1 {
+            return Err("partitioned".into());
+        }
+        let member = self.members.lock().unwrap().get(address).cloned();
+        let member = member.ok_or("no such node")?;
+        let mut parts: Vec<Part> = parts.collect().await;
+        let deliver = |parts: Vec<Part>| {
+            let parts = futures::stream::iter(parts.into_iter().map(Ok)).boxed();
+            member.receive(handoff.clone(), parts)
+        };
+        if roll < 0.2 {
+            let cut = self
+                .rng
+                .lock()
+                .unwrap()
+                .as_mut()
+                .unwrap()
+                .usize(..parts.len());
+            parts.truncate(cut);
+            let received = deliver(parts).await;
+            assert!(received.is_err(), "a cut handoff was taken: {received:?}");
+            return Err("cut".into());
+        }
+        if roll < 0.3 {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        if roll < 0.35 {
+            let _ = deliver(parts.clone()).await;
+        }
+        let received = deliver(parts).await.map_err(|e| e.to_string());
+        if (0.35..0.45).contains(&roll) {
+            return Err("the answer was lost".into());
+        }
+        if let Ok(users) = received {
+            self.handed
+                .fetch_add(users, std::sync::atomic::Ordering::Relaxed);
+        }
+        received
+    }
+}
+
+impl SimPeers {
+    fn roll(&self) -> f64 {
+        self.rng.lock().unwrap().as_mut().map_or(1.0, |r| r.f64())
     }
 }
 
@@ -106,7 +168,8 @@ struct State {
 
 type Model = BTreeMap<u64, State>;
 
-async fn simulate(seed: u64) -> usize {
+/// Returns the operations applied and the users handed over warm.
+async fn simulate(seed: u64) -> (usize, usize) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let store = Arc::new(FaultyStore::memory());
     let ring = Arc::new(MemoryRingStore::default());
@@ -332,7 +395,8 @@ async fn simulate(seed: u64) -> usize {
             "user {user}: the store against the model"
         );
     }
-    operations
+    let handed = peers.handed.load(std::sync::atomic::Ordering::Relaxed);
+    (operations, handed)
 }
 
 /// One of client `client`'s users.
@@ -425,7 +489,7 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         }
     };
     let started = std::time::Instant::now();
-    let mut operations = 0;
+    let (mut operations, mut handed) = (0, 0);
     for &seed in &seeds {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -435,7 +499,10 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime.block_on(simulate(seed))
         })) {
-            Ok(done) => operations += done,
+            Ok((done, users)) => {
+                operations += done;
+                handed += users;
+            }
             Err(panic) => {
                 eprintln!("fleet simulation failed at seed {seed}; replay with FLEET_SEED={seed}");
                 std::panic::resume_unwind(panic);
@@ -443,8 +510,14 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         }
     }
     println!(
-        "fleet simulation: {} seeds, {operations} operations, in {:.1?}",
+        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over, in {:.1?}",
         seeds.len(),
         started.elapsed()
     );
+    if seeds.len() > 10 {
+        assert!(
+            handed > 0,
+            "no handoff went through: the simulation tests nothing of it"
+        );
+    }
 }

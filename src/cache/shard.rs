@@ -8,7 +8,8 @@
 //! Users are stored packed (see [`super::users`] and [`super::arena`]); the
 //! domain reads and changes their read states where they are stored.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -21,6 +22,8 @@ use crate::read_state::{Entries, UserReadStates, UserView};
 use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
+
+mod handoff;
 
 /// A stream watching a user, and the last version queued to it.
 #[derive(Debug)]
@@ -113,6 +116,10 @@ pub(crate) struct Shard {
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
     delayed: VecDeque<Delayed>,
+    /// Users handed over by another node, to write when they were due
+    /// there, soonest first: their deadlines fall anywhere within
+    /// `delayed`'s.
+    handed: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Users to write as soon as possible (evicted, or changed while written).
     ready: VecDeque<u64>,
     /// Users with a write under way.
@@ -152,6 +159,7 @@ impl Shard {
             loading: HashMap::new(),
             pins_beyond: HashMap::new(),
             delayed: VecDeque::new(),
+            handed: BinaryHeap::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
             unwritten: 0,
@@ -513,20 +521,26 @@ impl Shard {
     /// Pops the next user due for a write at `now`, skipping stale entries.
     pub(crate) fn next_due(&mut self, now: Instant) -> Due {
         loop {
+            let handed = self.handed.peek().map(|&Reverse((due, _))| due);
             let user_id = if let Some(user_id) = self.ready.pop_front() {
+                user_id
+            } else if handed.is_some_and(|due| due <= now) {
+                let Some(Reverse((_, user_id))) = self.handed.pop() else {
+                    unreachable!("peeked");
+                };
                 user_id
             } else {
                 match self.delayed.front().copied() {
                     Some(Delayed { due_ms, user_id }) => {
                         let wait = due_ms.wrapping_sub(self.millis(now)) as i32;
                         if wait > 0 {
-                            let wait = Duration::from_millis(wait as u64);
-                            return Due::Wait(Some(now + wait));
+                            let due = now + Duration::from_millis(wait as u64);
+                            return Due::Wait(Some(handed.map_or(due, |h| h.min(due))));
                         }
                         self.delayed.pop_front();
                         user_id
                     }
-                    None => return Due::Wait(None),
+                    None => return Due::Wait(handed),
                 }
             };
             if let Some(slot) = self.users.find(user_id) {

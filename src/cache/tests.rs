@@ -475,4 +475,88 @@ mod release {
         assert_eq!(last_acked(&cache, 1, 5).await, Some(40));
         assert_eq!(last_acked(&cache, 2, 5).await, None, "all or nothing");
     }
+
+    /// The warm handoff, end to end between two caches on one store: the
+    /// receiver gets the user as the sender held it without loading it,
+    /// writes its unwritten change when it was due at the sender (not a
+    /// write delay after the move), and remembers what it was lowered for;
+    /// the sender lets go of it without writing.
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_moves_users_with_their_unwritten_changes_due_times_and_deletions() {
+        let store = Arc::new(FaultyStore::memory());
+        let sender = member(store.clone(), &[1]);
+        let receiver = member(store.clone(), &[]);
+        let sender_writer = WriteBehind::start(sender.clone(), WriteBehindConfig::default());
+        let receiver_writer = WriteBehind::start(receiver.clone(), WriteBehindConfig::default());
+        let deletion = Deletion {
+            channel_id: 5,
+            message_id: 61,
+            kind: crate::read_state::Kind::Channel,
+        };
+        let created = |user: &mut UserReadStates<Stored<'_>>, id, now| {
+            user.message_created(Key::channel(5), id, false, now)
+        };
+        sender
+            .update_many(&[1], |_, user, now| {
+                created(user, 61, now) && created(user, 62, now)
+            })
+            .await
+            .unwrap();
+        let lower = |cache: Arc<Cache>| async move {
+            cache
+                .update_many_once(&[1], deletion, |_, user, now| {
+                    user.message_deleted(Key::channel(5), 61, false, now)
+                })
+                .await
+                .unwrap()
+        };
+        assert_eq!(lower(sender.clone()).await, [true]);
+        let before = sender
+            .read(1, |user| user.entries().to_vec())
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(20)).await;
+
+        let slot = slot_of(1);
+        sender.ownership().set(slot, SlotState::Releasing);
+        receiver.ownership().set(slot, SlotState::Acquiring);
+        let users = sender.settled_users(|id| slot_of(id) == slot).await;
+        let chunks: Vec<handoff::Chunk> = sender.export(users.clone()).collect().await;
+        assert_eq!(chunks.len(), 2, "the user, then its deletions: {chunks:?}");
+        let installed: usize = chunks.into_iter().map(|c| receiver.install(c)).sum();
+        assert_eq!(installed, 1);
+        assert_eq!(sender.hand_off(&users), 1);
+        sender.ownership().set(slot, SlotState::NotOwner);
+        receiver.ownership().set(slot, SlotState::Serving);
+
+        let loads = store.loads();
+        let after = receiver
+            .read(1, |user| user.entries().to_vec())
+            .await
+            .unwrap();
+        assert_eq!(after, before);
+        assert_eq!(store.loads(), loads, "served from what was handed over");
+        assert_eq!(
+            lower(receiver.clone()).await,
+            [false],
+            "lowered once already"
+        );
+        assert_eq!(receiver.unwritten(), 1);
+        assert_eq!(sender.unwritten(), 0);
+
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(store.writes().is_empty(), "not due yet");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let writes = store.writes();
+        assert_eq!(
+            writes.len(),
+            1,
+            "due 30 s after the change, at the receiver"
+        );
+        assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 1);
+        assert_eq!(receiver.unwritten(), 0);
+        sender_writer.shutdown(Duration::from_secs(1)).await;
+        receiver_writer.shutdown(Duration::from_secs(1)).await;
+        assert_eq!(store.writes().len(), 1, "the sender wrote nothing");
+    }
 }

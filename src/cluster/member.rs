@@ -1,18 +1,22 @@
 //! This node as a member of the fleet: follows the ring and moves its slots
 //! through their states, release before acquire.
 //!
-//! On a new epoch the node first writes what is unwritten of the users of
-//! the slots it lost while still serving them (the new owners forward their
-//! requests here meanwhile; `Cache::prewrite`), then stops serving them
-//! (they go `Releasing`: new requests are forwarded to the new owners, which
-//! hold them), lets the changes already applied finish, writes what changed
-//! since and drops the users (`Cache::release`); only then does it answer
-//! the new owners' `ReleaseSlots`. A slot is served nowhere only during that
-//! last, short part. The slots it gained go `Acquiring`: it asks each previous
-//! owner to release them and serves them (from the store) once it has, or
-//! once an operator forced the release of a dead owner. No timeout lets it
-//! start early. When it serves every slot it owns, it reports the epoch, and
-//! `readstates ring` may make the next one.
+//! On a new epoch the node marks the slots it gained `Acquiring` (requests
+//! for them are forwarded to their previous owners, or held here once those
+//! refuse them), and stops serving the slots it lost (`Releasing`: their
+//! requests are forwarded to the new owners, which hold them). It lets the
+//! changes already applied to the lost slots' users finish, then hands
+//! those users to their new owners from memory (`HandOver`, see
+//! [`super::handoff`]): unwritten changes, due times and deletion memory
+//! travel with them, and the new owner writes them. Only once a new owner
+//! has them all are they dropped here unwritten; if a handoff fails, they
+//! are written to the store and dropped (`Cache::release`), as a cold move.
+//! Then, and only then, does the node answer the new owners'
+//! `ReleaseSlots`. A slot is served nowhere only during that short part.
+//! The slots it gained are served once their previous owner has released
+//! them, or once an operator forced the release of a dead owner. No timeout
+//! lets it start early. When it serves every slot it owns, it reports the
+//! epoch, and `readstates ring` may make the next one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,11 +27,28 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use futures::StreamExt;
+use metrics::counter;
+
+use super::handoff::{self, Handoff, Part, Parts};
 use super::ownership::{Ownership, SlotState};
 use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
+use crate::cache::handoff::Chunk;
 use crate::error::Error;
+use crate::metrics::{HANDED_IN_USERS, MOVED_USERS};
+
+/// How long a `HandOver` waits for this node to adopt its epoch.
+const RECEIVE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether every user of `chunk` is one `of_these` names.
+fn chunk_within(chunk: &Chunk, of_these: &impl Fn(u64) -> bool) -> bool {
+    match chunk {
+        Chunk::Users(users) => users.iter().all(|u| of_these(u.user_id)),
+        Chunk::Deletions(deletions) => deletions.iter().all(|d| of_these(d.user_id)),
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct MemberConfig {
@@ -156,8 +177,8 @@ impl Member {
             .all(|slot| self.ownership().state(slot) == SlotState::Serving)
     }
 
-    /// Moves to `record`: releases what it lost, then acquires what it
-    /// gained.
+    /// Moves to `record`: marks what it gained as being acquired, releases
+    /// what it lost (handing its users over), then acquires.
     async fn adopt(&self, record: Arc<RingRecord>) {
         let me = self.inner.id.as_str();
         let epoch = record.ring.epoch();
@@ -167,44 +188,12 @@ impl Member {
             .map(|slot| !owned(slot) && ownership.state(slot) != SlotState::NotOwner)
             .collect();
         let left = leaving.iter().filter(|&&l| l).count();
-        // The new owners forward what they get for these slots here until
-        // released (see `grpc::route`): meanwhile most of their unwritten
-        // changes are written, so the release, when the slots are served
-        // nowhere, is short.
         self.inner.ring.send_replace(record.clone());
         tracing::info!(epoch, releasing = left, "new epoch");
-        let started = tokio::time::Instant::now();
-        if left > 0 {
-            self.inner
-                .cache
-                .prewrite(|user_id| leaving[usize::from(slot_of(user_id))])
-                .await;
-        }
-        let paused = tokio::time::Instant::now();
-        for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
-            ownership.set(slot, SlotState::Releasing);
-        }
-        let users = self
-            .inner
-            .cache
-            .release(|user_id| leaving[usize::from(slot_of(user_id))])
-            .await;
-        for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
-            ownership.set(slot, SlotState::NotOwner);
-        }
-        self.inner.released.send_replace(epoch);
-        if left > 0 {
-            tracing::info!(
-                epoch,
-                slots = left,
-                users,
-                prewrite_ms = (paused - started).as_millis() as u64,
-                paused_ms = paused.elapsed().as_millis() as u64,
-                "released"
-            );
-        }
 
-        // Gained slots, by whom they come from.
+        // Gained slots, by whom they come from; marked first, so that a
+        // node handing slots to this one while this one hands others to it
+        // finds them being acquired here.
         let mut gaining: BTreeMap<Option<String>, Vec<Slot>> = BTreeMap::new();
         for slot in (0..SLOTS as Slot).filter(|&s| owned(s)) {
             if ownership.state(slot) == SlotState::Serving {
@@ -220,11 +209,159 @@ impl Member {
             ownership.set(slot, SlotState::Acquiring);
             gaining.entry(from).or_default().push(slot);
         }
+
+        // Lost slots, by whom they go to: no longer served here (requests
+        // for them are forwarded to the new owners, which hold them), their
+        // users handed over, or else written; then released.
+        let started = tokio::time::Instant::now();
+        let mut losing: BTreeMap<Option<String>, Vec<Slot>> = BTreeMap::new();
+        for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
+            ownership.set(slot, SlotState::Releasing);
+            let to = record.ring.owner(slot).map(|n| n.id.clone());
+            losing.entry(to).or_default().push(slot);
+        }
+        let releases = losing
+            .into_iter()
+            .map(|(to, slots)| self.release(&record, to, slots));
+        let users: usize = futures::future::join_all(releases).await.into_iter().sum();
+        for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
+            ownership.set(slot, SlotState::NotOwner);
+        }
+        self.inner.released.send_replace(epoch);
+        if left > 0 {
+            tracing::info!(
+                epoch,
+                slots = left,
+                users,
+                paused_ms = started.elapsed().as_millis() as u64,
+                "released"
+            );
+        }
+
         let acquisitions = gaining.into_iter().filter_map(|(from, slots)| {
             let node = record.previous.node(from.as_deref()?)?.clone();
             Some(self.acquire(record.clone(), node, slots))
         });
         futures::future::join_all(acquisitions).await;
+    }
+
+    /// Lets go of `slots` (no longer served here), which go `to` their new
+    /// owner: hands their users over, or, if that fails, writes what is
+    /// unwritten of them first. Returns the users let go.
+    async fn release(&self, record: &RingRecord, to: Option<String>, slots: Vec<Slot>) -> usize {
+        let cache = &self.inner.cache;
+        let mut these = vec![false; SLOTS];
+        for &slot in &slots {
+            these[usize::from(slot)] = true;
+        }
+        let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
+        let users = cache.settled_users(of_these).await;
+        let count: usize = users.iter().map(Vec::len).sum();
+        let node = to.as_deref().and_then(|id| record.ring.node(id));
+        if let (Some(node), true) = (node, count > 0) {
+            let handoff = Handoff {
+                epoch: record.ring.epoch(),
+                slots,
+                from: self.inner.id.clone(),
+            };
+            let parts = handoff::parts(cache.export(users.clone()));
+            let started = tokio::time::Instant::now();
+            match self
+                .inner
+                .peers
+                .hand_over(&node.address, handoff, parts)
+                .await
+            {
+                Ok(installed) => {
+                    let held = cache.hand_off(&users);
+                    counter!(MOVED_USERS, "how" => "handed").increment(held as u64);
+                    tracing::info!(
+                        epoch = record.ring.epoch(),
+                        to = %node.id,
+                        users = installed,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "handed over"
+                    );
+                    return held;
+                }
+                Err(e) => {
+                    tracing::warn!(epoch = record.ring.epoch(), to = %node.id, error = %e, "handoff failed; writing the users instead");
+                }
+            }
+        }
+        let written = cache.release(of_these).await;
+        counter!(MOVED_USERS, "how" => "written").increment(written as u64);
+        written
+    }
+
+    /// `HandOver` from the previous owner of `handoff.slots`: installs the
+    /// users it sends, once this node has adopted that epoch and while it
+    /// is acquiring those slots from that node. Anything else refuses it;
+    /// a transfer that breaks drops what it installed (the sender, never
+    /// told it arrived, writes the users itself).
+    pub async fn receive(&self, handoff: Handoff, mut parts: Parts) -> Result<usize, Error> {
+        self.catch_up(handoff.epoch, RECEIVE_WAIT).await;
+        self.receiving(&handoff)?;
+        let mut these = vec![false; SLOTS];
+        for &slot in &handoff.slots {
+            these[usize::from(slot)] = true;
+        }
+        let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
+        let mut installed = 0;
+        let result = loop {
+            let part = match parts.next().await {
+                Some(Ok(part)) => part,
+                Some(Err(e)) => break Err(Error::HandoffBroken(e)),
+                None => break Err(Error::HandoffBroken("cut before it was done".into())),
+            };
+            match part {
+                Part::Chunk(chunk) => {
+                    if !chunk_within(&chunk, &of_these) {
+                        break Err(Error::HandoffBroken("a user of another slot".into()));
+                    }
+                    if let Err(e) = self.receiving(&handoff) {
+                        break Err(e);
+                    }
+                    installed += self.inner.cache.install(chunk);
+                }
+                Part::Done { users } if users == installed => {
+                    counter!(HANDED_IN_USERS).increment(installed as u64);
+                    break Ok(installed);
+                }
+                Part::Done { users } => {
+                    break Err(Error::HandoffBroken(format!(
+                        "{users} users sent, {installed} received"
+                    )));
+                }
+            }
+        };
+        if result.is_err() && self.receiving(&handoff).is_ok() {
+            self.inner.cache.discard(of_these);
+        }
+        result
+    }
+
+    /// Whether this node takes `handoff` now: it has adopted its epoch, and
+    /// is acquiring each of its slots from its sender.
+    fn receiving(&self, handoff: &Handoff) -> Result<(), Error> {
+        let record = self.ring();
+        let epoch = record.ring.epoch();
+        let refused = |reason: String| Err(Error::HandoffRefused { epoch, reason });
+        if epoch != handoff.epoch {
+            return refused(format!("handoff of epoch {}", handoff.epoch));
+        }
+        for &slot in &handoff.slots {
+            let from = record.previous.owner(slot).map(|n| n.id.as_str());
+            let to = record.ring.owner(slot).map(|n| n.id.as_str());
+            let state = self.ownership().state(slot);
+            if from != Some(handoff.from.as_str())
+                || to != Some(self.id())
+                || state != SlotState::Acquiring
+            {
+                return refused(format!("slot {slot} is {} here", state.name()));
+            }
+        }
+        Ok(())
     }
 
     /// Asks `from` to release `slots` until it has, or an operator forced

@@ -1,23 +1,31 @@
 //! The other nodes of the fleet, as this node calls them: a lazily
 //! connected gRPC channel per address (over mTLS when this node serves
-//! TLS), shared by `ReleaseSlots` and by forwarded requests.
+//! TLS), shared by `ReleaseSlots`, `HandOver` and forwarded requests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use readstates_routing::Slot;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::proto::ReleaseSlotsRequest;
+use super::handoff::{self, Handoff, Part};
 use crate::proto::fleet_client::FleetClient;
+use crate::proto::{HandOverRequest, ReleaseSlotsRequest};
 use crate::tls::{Tls, connector};
 
 /// How long one `ReleaseSlots` call may take: the old owner answers once
 /// its users are written, which a slow store can hold up.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one `HandOver` may take; the slots it moves are served
+/// nowhere meanwhile (requests for them wait, see `grpc::route::HOLD`), and
+/// past it the sender writes them itself.
+const HAND_OVER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a node asks of other nodes (a seam: simulations answer in-process).
 #[async_trait]
@@ -31,6 +39,15 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
         slots: &[Slot],
         from: &str,
     ) -> Result<(), String>;
+
+    /// Hands the users of `handoff`'s slots to the node at `address`;
+    /// `Ok` with the users it installed, once it has them all.
+    async fn hand_over(
+        &self,
+        address: &str,
+        handoff: Handoff,
+        parts: BoxStream<'static, Part>,
+    ) -> Result<usize, String>;
 }
 
 /// Peers over gRPC.
@@ -92,4 +109,40 @@ impl Peers for GrpcPeers {
             .map(|_| ())
             .map_err(|status| format!("{address}: {}: {}", status.code(), status.message()))
     }
+
+    async fn hand_over(
+        &self,
+        address: &str,
+        handoff: Handoff,
+        parts: BoxStream<'static, Part>,
+    ) -> Result<usize, String> {
+        let channel = self.channel(address)?;
+        // Fed from a task: a channel's stream is what tonic's streaming
+        // client is known to accept from inside a `Send` future.
+        let (send, requests) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let mut parts = parts;
+            let mut first = Some(handoff);
+            while let Some(part) = parts.next().await {
+                let request = handoff::to_request(part, first.take().as_ref());
+                if send.send(request).await.is_err() {
+                    return;
+                }
+            }
+        });
+        call_hand_over(channel, ReceiverStream::new(requests))
+            .await
+            .map_err(|status| format!("{address}: {}: {}", status.code(), status.message()))
+    }
+}
+
+/// One `HandOver` call.
+async fn call_hand_over(
+    channel: Channel,
+    requests: ReceiverStream<HandOverRequest>,
+) -> Result<usize, tonic::Status> {
+    let mut request = tonic::Request::new(requests);
+    request.set_timeout(HAND_OVER_TIMEOUT);
+    let response = FleetClient::new(channel).hand_over(request).await?;
+    Ok(response.into_inner().users_installed as usize)
 }

@@ -1,14 +1,14 @@
 //! The `Fleet` service, between the nodes of a fleet: `ReleaseSlots`, which
 //! a new owner calls on the previous owner of its slots (see
-//! [`crate::cluster::member`]).
+//! [`crate::cluster::member`]), and `HandOver` (see [`super::hand_over`]).
 
 use readstates_routing::{SLOTS, Slot};
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use crate::cluster::member::Member;
 use crate::error::Error;
 use crate::proto::fleet_server::Fleet;
-use crate::proto::{ReleaseSlotsRequest, ReleaseSlotsResponse};
+use crate::proto::{HandOverRequest, HandOverResponse, ReleaseSlotsRequest, ReleaseSlotsResponse};
 
 #[derive(Clone, Debug)]
 pub struct FleetService {
@@ -41,5 +41,12 @@ impl Fleet for FleetService {
         self.member.release_slots(request.epoch, &slots).await?;
         tracing::debug!(epoch = request.epoch, from = %request.node_id, slots = slots.len(), "released to");
         Ok(Response::new(ReleaseSlotsResponse {}))
+    }
+
+    async fn hand_over(
+        &self,
+        request: Request<Streaming<HandOverRequest>>,
+    ) -> Result<Response<HandOverResponse>, Status> {
+        super::hand_over::handle(&self.member, request).await
     }
 }

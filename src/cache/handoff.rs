@@ -1,0 +1,132 @@
+//! Warm handoff: the users of slots moving to another node travel there
+//! from memory, unwritten changes and all, instead of being written to the
+//! store and loaded again cold (see [`crate::cluster::member`]).
+//!
+//! The sender exports the users of slots it no longer serves (nothing
+//! changes them any more), chunk by chunk, so neither end holds more than a
+//! chunk beyond its cache. The receiver installs each user with the time its
+//! unwritten changes were due to be written, and takes over their writing.
+//! Only once the receiver has them all does the sender let go of them
+//! without writing; if anything fails, the sender writes them as a release
+//! does, and the receiver drops what it installed.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use tokio::time::Duration;
+
+use super::Cache;
+use crate::read_state::UserReadStates;
+use crate::recent_deletions::Deletion;
+
+/// Users sent in one chunk: a few hundred kilobytes of read states at most
+/// for typical users.
+pub const CHUNK_USERS: usize = 256;
+
+/// A user as its previous owner held it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandedUser {
+    pub user_id: u64,
+    pub states: UserReadStates,
+    /// How long its oldest unwritten change has waited; `None` when it has
+    /// none.
+    pub unwritten_for: Option<Duration>,
+}
+
+/// A deleted message a handed-over user was lowered for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandedDeletion {
+    pub user_id: u64,
+    pub deletion: Deletion,
+}
+
+/// One part of a handoff.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chunk {
+    Users(Vec<HandedUser>),
+    Deletions(Vec<HandedDeletion>),
+}
+
+impl Cache {
+    /// The users `leaving` names, by shard (cached, evicted unwritten, or
+    /// watched), once every change that may have seen their slots served
+    /// is applied: the caller moved those slots out of `Serving`.
+    pub async fn settled_users(&self, leaving: impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
+        self.gate.barrier().await;
+        self.users_leaving(&leaving)
+    }
+
+    /// `users` (by shard, see [`Cache::settled_users`]) as chunks, read from
+    /// the shards as the stream is polled; then each shard's deletions.
+    pub fn export(self: &Arc<Self>, users: Vec<Vec<u64>>) -> impl Stream<Item = Chunk> + use<> {
+        let cache = self.clone();
+        let parts = users.into_iter().enumerate().flat_map(|(index, ids)| {
+            let chunks: Vec<Vec<u64>> = ids.chunks(CHUNK_USERS).map(<[u64]>::to_vec).collect();
+            let users = chunks.into_iter().map(move |ids| (index, Part::Users(ids)));
+            users.chain(std::iter::once((index, Part::Deletions(ids))))
+        });
+        futures::stream::iter(parts).filter_map(move |(index, part)| {
+            let chunk = cache.with_shard(index, |shard| match part {
+                Part::Users(ids) => Chunk::Users(shard.export(&ids)),
+                Part::Deletions(ids) => {
+                    let ids: HashSet<u64> = ids.into_iter().collect();
+                    Chunk::Deletions(shard.export_deletions(&ids))
+                }
+            });
+            let empty = match &chunk {
+                Chunk::Users(users) => users.is_empty(),
+                Chunk::Deletions(deletions) => deletions.is_empty(),
+            };
+            std::future::ready((!empty).then_some(chunk))
+        })
+    }
+
+    /// Installs a chunk handed over by the previous owner of its users'
+    /// slots (which this node must not serve yet); returns the users in it.
+    pub fn install(&self, chunk: Chunk) -> usize {
+        let write_delay = self.config.write_delay;
+        match chunk {
+            Chunk::Users(users) => {
+                let count = users.len();
+                for user in users {
+                    self.with_shard(self.shard_of(user.user_id), |shard| {
+                        shard.install(user, write_delay);
+                    });
+                }
+                count
+            }
+            Chunk::Deletions(deletions) => {
+                for handed in deletions {
+                    self.with_shard(self.shard_of(handed.user_id), |shard| {
+                        shard.install_deletion(handed);
+                    });
+                }
+                0
+            }
+        }
+    }
+
+    /// Lets go of `users` (by shard) without writing them: another node
+    /// holds them now. Their Watch streams are told they moved. Returns how
+    /// many were held.
+    pub fn hand_off(&self, users: &[Vec<u64>]) -> usize {
+        users
+            .iter()
+            .enumerate()
+            .map(|(index, ids)| self.with_shard(index, |shard| shard.hand_off(ids)))
+            .sum()
+    }
+
+    /// Drops, unwritten, what a handoff that failed installed of the users
+    /// `leaving` names (slots this node does not serve: their previous owner
+    /// still holds them, and writes them).
+    pub fn discard(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        self.hand_off(&self.users_leaving(&leaving))
+    }
+}
+
+enum Part {
+    Users(Vec<u64>),
+    Deletions(Vec<u64>),
+}

@@ -1,0 +1,125 @@
+//! A shard's part of a warm handoff (see [`crate::cache::handoff`]): what it
+//! hands over of users leaving, how it installs users handed to it, and how
+//! it lets go of users without writing them once another node has them.
+
+use std::cmp::Reverse;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use tokio::time::{Duration, Instant};
+
+use super::{Shard, weight};
+use crate::cache::handoff::{HandedDeletion, HandedUser};
+use crate::cache::users::{CachedUser, Flags};
+use crate::read_state::UserReadStates;
+
+impl Shard {
+    /// `ids` as they are held here (users not held are skipped): read
+    /// states, versions, and how long their unwritten changes have waited.
+    pub(crate) fn export(&self, ids: &[u64]) -> Vec<HandedUser> {
+        let now_ms = self.millis(Instant::now());
+        ids.iter()
+            .filter_map(|&user_id| {
+                let slot = self.users.find(user_id)?;
+                let user = self.users.get(slot);
+                let view = self.view(slot);
+                let unwritten_for = (user.has_unwritten() && user.is(Flags::UNWRITTEN_SINCE))
+                    .then(|| Duration::from_millis(u64::from(now_ms.wrapping_sub(user.since_ms))));
+                Some(HandedUser {
+                    user_id,
+                    states: UserReadStates::from_parts(view.header(), view.entries().to_vec()),
+                    unwritten_for,
+                })
+            })
+            .collect()
+    }
+
+    /// The deleted messages `ids` were lowered for.
+    pub(crate) fn export_deletions(&self, ids: &HashSet<u64>) -> Vec<HandedDeletion> {
+        self.deletions
+            .of(|user_id| ids.contains(&user_id))
+            .map(|(user_id, deletion)| HandedDeletion { user_id, deletion })
+            .collect()
+    }
+
+    /// Caches a user handed over by its previous owner, in place of what is
+    /// held of it (a transfer sent again); its unwritten changes are written
+    /// when they were due there (`write_delay` after the oldest).
+    pub(crate) fn install(&mut self, handed: HandedUser, write_delay: Duration) {
+        let HandedUser {
+            user_id,
+            states,
+            unwritten_for,
+        } = handed;
+        self.remove(user_id);
+        let unwritten = states.unwritten_count();
+        let mut user = CachedUser::new(user_id);
+        let watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
+        user.flags.set(Flags::WATCHED, watched);
+        self.read_states += weight(&states);
+        let (header, entries) = states.into_parts();
+        user.set_header(header);
+        user.block = self.arena.put(super::Block::EMPTY, 0, &entries);
+        user.len = entries.len() as u32;
+        if user.has_unwritten() {
+            let now = Instant::now();
+            let since = now
+                .checked_sub(unwritten_for.unwrap_or_default())
+                .unwrap_or(now);
+            user.since_ms = self.millis(since);
+            user.flags.set(Flags::UNWRITTEN_SINCE, true);
+            user.flags.set(Flags::QUEUED, true);
+            // Due earlier than what `delayed` holds last, maybe: kept apart
+            // (see `Shard::handed`), in deadline order.
+            self.handed.push(Reverse((since + write_delay, user_id)));
+            self.wake = true;
+        }
+        self.adjust_unwritten(unwritten as isize);
+        let slot = self.users.insert(user);
+        self.evict_over_capacity(slot);
+    }
+
+    /// Remembers that `user_id` was lowered for a deletion, as its previous
+    /// owner did.
+    pub(crate) fn install_deletion(&mut self, handed: HandedDeletion) {
+        if !self.deletions.lowered(handed.user_id, handed.deletion) {
+            self.deletions.remember(handed.user_id, handed.deletion);
+        }
+    }
+
+    /// Lets go of `ids`, written or not: another node holds them now. Their
+    /// streams get a `moved` event. Returns how many were held.
+    pub(crate) fn hand_off(&mut self, ids: &[u64]) -> usize {
+        let mut held = 0;
+        for &user_id in ids {
+            if let Some(subscribers) = self.watchers.remove(&user_id) {
+                for subscriber in subscribers {
+                    subscriber.feed.moved(user_id, subscriber.version);
+                }
+            }
+            held += usize::from(self.remove(user_id));
+        }
+        held
+    }
+
+    /// Drops a held user, keeping the counters in step; a write of it under
+    /// way finds it gone, and its queue entries are skipped.
+    fn remove(&mut self, user_id: u64) -> bool {
+        let Some(slot) = self.users.find(user_id) else {
+            return false;
+        };
+        let user = self.users.get(slot);
+        let (weight, evicted) = (user.weight(), user.is(Flags::EVICTED));
+        let unwritten = self.view(slot).unwritten_count();
+        if evicted {
+            self.evicted.remove(&user_id);
+            self.evicted_total.fetch_sub(weight, Ordering::Relaxed);
+        } else {
+            self.read_states -= weight;
+        }
+        self.in_flight.remove(&user_id);
+        self.adjust_unwritten(-(unwritten as isize));
+        self.forget(slot);
+        true
+    }
+}

@@ -1,0 +1,193 @@
+//! A handoff as it travels between nodes: what it hands over (slots of an
+//! epoch, from a node), its parts (chunks of users, then `Done` with how
+//! many), and their `Fleet.HandOver` messages. The cache side, what is
+//! exported and installed, is [`crate::cache::handoff`]; who hands what to
+//! whom is [`super::member`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use readstates_routing::Slot;
+use tokio::time::Duration;
+
+use crate::cache::handoff::{Chunk, HandedDeletion, HandedUser};
+use crate::proto;
+use crate::read_state::{Header, Kind, ReadState, UserReadStates, saturated_count};
+use crate::recent_deletions::Deletion;
+
+/// What one handoff hands over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    pub epoch: u64,
+    pub slots: Vec<Slot>,
+    /// The sending node.
+    pub from: String,
+}
+
+/// One part of a handoff, in order: chunks, then `Done`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Part {
+    Chunk(Chunk),
+    /// Every user was sent: this many.
+    Done {
+        users: usize,
+    },
+}
+
+/// The parts as a receiver reads them: `Err` when the transfer broke.
+pub type Parts = BoxStream<'static, Result<Part, String>>;
+
+/// `chunks`, then `Done` with the users they held.
+pub fn parts(chunks: impl Stream<Item = Chunk> + Send + 'static) -> BoxStream<'static, Part> {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counted = sent.clone();
+    let chunks = chunks.map(move |chunk| {
+        if let Chunk::Users(users) = &chunk {
+            counted.fetch_add(users.len(), Ordering::Relaxed);
+        }
+        Part::Chunk(chunk)
+    });
+    let done = futures::stream::once(async move {
+        Part::Done {
+            users: sent.load(Ordering::Relaxed),
+        }
+    });
+    chunks.chain(done).boxed()
+}
+
+/// A part as a `HandOver` message; the first one of a stream also names
+/// the handoff.
+pub fn to_request(part: Part, handoff: Option<&Handoff>) -> proto::HandOverRequest {
+    let mut request = proto::HandOverRequest::default();
+    if let Some(handoff) = handoff {
+        request.epoch = handoff.epoch;
+        request.slots = handoff.slots.iter().map(|&s| u32::from(s)).collect();
+        request.node_id = handoff.from.clone();
+    }
+    match part {
+        Part::Chunk(Chunk::Users(users)) => {
+            request.users = users.iter().map(to_proto_user).collect();
+        }
+        Part::Chunk(Chunk::Deletions(deletions)) => {
+            request.deletions = deletions.iter().map(to_proto_deletion).collect();
+        }
+        Part::Done { users } => {
+            request.done = true;
+            request.users_sent = users as u64;
+        }
+    }
+    request
+}
+
+/// The parts a `HandOver` message carries (a message may carry users,
+/// deletions and `done` at once); `Err` naming what is malformed.
+pub fn from_request(request: proto::HandOverRequest) -> Result<Vec<Part>, String> {
+    let mut parts = Vec::new();
+    if !request.users.is_empty() {
+        let users = request.users.into_iter().map(from_proto_user);
+        parts.push(Part::Chunk(Chunk::Users(users.collect::<Result<_, _>>()?)));
+    }
+    if !request.deletions.is_empty() {
+        let deletions = request.deletions.into_iter().map(from_proto_deletion);
+        parts.push(Part::Chunk(Chunk::Deletions(
+            deletions.collect::<Result<_, _>>()?,
+        )));
+    }
+    if request.done {
+        parts.push(Part::Done {
+            users: request.users_sent as usize,
+        });
+    }
+    Ok(parts)
+}
+
+fn kind(value: i32) -> Result<Kind, String> {
+    u8::try_from(value)
+        .ok()
+        .and_then(Kind::from_u8)
+        .ok_or_else(|| format!("read state kind {value} is unknown"))
+}
+
+fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
+    let view = user.states.view();
+    let header = view.header();
+    proto::HandedUser {
+        user_id: user.user_id,
+        version: header.version,
+        written_version: header.written_version,
+        delta_floor: header.delta_floor,
+        clear_pending: header.clear_pending,
+        read_states: view
+            .entries()
+            .iter()
+            .map(|state| proto::HandedReadState {
+                channel_id: state.channel_id,
+                kind: state.kind as i32,
+                last_acked_id: state.last_acked_id,
+                last_message_id: state.last_message_id,
+                version: state.version,
+                mention_count: u32::from(state.mention_count),
+                unread_count: u32::from(state.unread_count),
+                deleted: state.deleted,
+                muted: state.muted,
+            })
+            .collect(),
+        unwritten_for_ms: user.unwritten_for.map_or(0, |d| d.as_millis() as u64),
+    }
+}
+
+fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
+    let mut entries = user
+        .read_states
+        .into_iter()
+        .map(|state| {
+            Ok(ReadState {
+                channel_id: state.channel_id,
+                last_acked_id: state.last_acked_id,
+                last_message_id: state.last_message_id,
+                version: state.version,
+                mention_count: saturated_count(state.mention_count),
+                unread_count: saturated_count(state.unread_count),
+                kind: kind(state.kind)?,
+                deleted: state.deleted,
+                muted: state.muted,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    entries.sort_unstable_by_key(ReadState::key);
+    entries.dedup_by_key(|e| e.key());
+    let header = Header {
+        version: user.version,
+        written_version: user.written_version,
+        delta_floor: user.delta_floor,
+        clear_pending: user.clear_pending,
+    };
+    let unwritten = header.version > header.written_version;
+    Ok(HandedUser {
+        user_id: user.user_id,
+        states: UserReadStates::from_parts(header, entries),
+        unwritten_for: unwritten.then(|| Duration::from_millis(user.unwritten_for_ms)),
+    })
+}
+
+fn to_proto_deletion(handed: &HandedDeletion) -> proto::HandedDeletion {
+    proto::HandedDeletion {
+        user_id: handed.user_id,
+        channel_id: handed.deletion.channel_id,
+        kind: handed.deletion.kind as i32,
+        message_id: handed.deletion.message_id,
+    }
+}
+
+fn from_proto_deletion(handed: proto::HandedDeletion) -> Result<HandedDeletion, String> {
+    Ok(HandedDeletion {
+        user_id: handed.user_id,
+        deletion: Deletion {
+            channel_id: handed.channel_id,
+            message_id: handed.message_id,
+            kind: kind(handed.kind)?,
+        },
+    })
+}
