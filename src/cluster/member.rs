@@ -188,12 +188,10 @@ impl Member {
             .map(|slot| !owned(slot) && ownership.state(slot) != SlotState::NotOwner)
             .collect();
         let left = leaving.iter().filter(|&&l| l).count();
-        self.inner.ring.send_replace(record.clone());
-        tracing::info!(epoch, releasing = left, "new epoch");
-
-        // Gained slots, by whom they come from; marked first, so that a
-        // node handing slots to this one while this one hands others to it
-        // finds them being acquired here.
+        // Gained slots, by whom they come from; marked first (before the
+        // epoch is adopted, which a `HandOver` waits for), so that a node
+        // handing slots to this one while this one hands others to it finds
+        // them being acquired here.
         let mut gaining: BTreeMap<Option<String>, Vec<Slot>> = BTreeMap::new();
         for slot in (0..SLOTS as Slot).filter(|&s| owned(s)) {
             if ownership.state(slot) == SlotState::Serving {
@@ -209,6 +207,9 @@ impl Member {
             ownership.set(slot, SlotState::Acquiring);
             gaining.entry(from).or_default().push(slot);
         }
+
+        self.inner.ring.send_replace(record.clone());
+        tracing::info!(epoch, releasing = left, "new epoch");
 
         // Lost slots, by whom they go to: no longer served here (requests
         // for them are forwarded to the new owners, which hold them), their
