@@ -1,8 +1,12 @@
 //! A client for a fleet: reads the routing table from any node, sends each
 //! request straight to its user's owner (one HTTP/2 channel per node), and
-//! follows a redirect once: an `UNAVAILABLE` naming a newer epoch in its
-//! trailers (`x-readstates-epoch`) means "not applied, your table is old",
-//! so it reads the table again and retries there.
+//! retries what was not applied: an `UNAVAILABLE` naming a newer epoch in
+//! its trailers (`x-readstates-epoch`) means "your table is old", so it
+//! reads the table again and retries there at once; any other
+//! `UNAVAILABLE` (a slot being moved, a node restarting or draining) is
+//! retried after a short backoff, the table read again, until the retry
+//! budget ([`FleetClient::with_retry_budget`]) runs out. Every request of
+//! the readstates API is safe to send again (a redelivery counts nothing).
 //!
 //! Channels are plaintext unless made by the caller
 //! ([`FleetClient::connect_with`]: TLS, say).
@@ -14,6 +18,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status};
@@ -29,9 +34,16 @@ pub const OWNER: &str = "x-readstates-owner";
 /// Set by a node on a request it forwards, so it is never forwarded again.
 pub const FORWARDED: &str = "x-readstates-forwarded";
 
+/// How long a call retries "not applied" answers by default: longer than a
+/// slot takes to move, or a node to restart.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
 #[derive(Clone, Debug)]
 pub struct FleetClient {
     inner: Arc<Inner>,
+    retry_budget: Duration,
 }
 
 #[derive(Debug)]
@@ -93,6 +105,7 @@ impl FleetClient {
                 channels: Mutex::default(),
                 connect,
             }),
+            retry_budget: RETRY_BUDGET,
         };
         client.refresh().await?;
         Ok(client)
@@ -131,20 +144,54 @@ impl FleetClient {
         })
     }
 
-    /// Runs `call` at `user_id`'s owner; after a refusal naming a newer
-    /// epoch, reads the table and runs it once more.
+    /// This client, retrying "not applied" answers for at most `budget`
+    /// (zero: never).
+    pub fn with_retry_budget(mut self, budget: Duration) -> FleetClient {
+        self.retry_budget = budget;
+        self
+    }
+
+    /// Runs `call` at `user_id`'s owner, retrying "not applied" answers
+    /// (see the module doc).
     pub async fn call<R, F, Fut>(&self, user_id: u64, call: F) -> Result<R, Status>
     where
         F: Fn(ReadStatesClient<Channel>) -> Fut,
         Fut: Future<Output = Result<Response<R>, Status>>,
     {
-        match call(self.for_user(user_id)).await {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) if self.is_newer(&status) => {
-                self.refresh().await?;
-                call(self.for_user(user_id)).await.map(Response::into_inner)
+        self.send(user_id, |client| {
+            let answer = call(client);
+            async move { answer.await.map(Response::into_inner) }
+        })
+        .await
+    }
+
+    /// [`FleetClient::call`] for a `send` that answers with anything.
+    pub async fn send<T, F, Fut>(&self, user_id: u64, send: F) -> Result<T, Status>
+    where
+        F: Fn(ReadStatesClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.retry_budget;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let status = match send(self.for_user(user_id)).await {
+                Ok(answer) => return Ok(answer),
+                Err(status) if status.code() == Code::Unavailable => status,
+                Err(status) => return Err(status),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(status);
             }
-            Err(status) => Err(status),
+            // A newer table: read it, and go there at once if it is read.
+            if self.is_newer(&status) && self.refresh().await.is_ok() && !self.is_newer(&status) {
+                continue;
+            }
+            if tokio::time::Instant::now() + backoff >= deadline {
+                return Err(status);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let _ = self.refresh().await;
         }
     }
 

@@ -13,6 +13,7 @@ use readstates::proto::{
     AckRequest, GetBadgeCountsRequest, GetReadStatesRequest, GetRoutingTableRequest,
     MessageCreatedRequest, MessageDeletedRequest, watch_event,
 };
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
 use readstates_routing::client::FleetClient;
 use readstates_routing::{Node, slot_of};
@@ -420,4 +421,46 @@ async fn the_routing_client_sends_each_request_to_its_owner() {
     }
     a.stop().await;
     b.stop().await;
+}
+
+/// Issue 20, part 3: "not applied" (`UNAVAILABLE`) is retried by the
+/// routing client within its budget, so a gateway using it sees no error
+/// while a node cannot apply for a moment (here its store fails loads for
+/// a second; a slot moving or a node draining answers the same). Then, with
+/// no budget, the same answer reaches the caller.
+#[tokio::test]
+async fn the_routing_client_retries_what_was_not_applied() {
+    let store = Arc::new(FaultyStore::memory());
+    let ring = Arc::new(MemoryRingStore::default());
+    let mut config = test_config();
+    config.node_id = Some("retry-a".into());
+    config.ring_poll = Duration::from_millis(50);
+    let a = spawn_member(config, store.clone(), ring.clone()).await;
+    add(&ring, "retry-a", &a, 100).await;
+    let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
+    let ack_user = |fleet: FleetClient, user: u64| async move {
+        fleet
+            .call(
+                user,
+                |mut client| async move { client.ack(ack(user, 30)).await },
+            )
+            .await
+    };
+
+    store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
+    let started = std::time::Instant::now();
+    ack_user(fleet.clone(), 1)
+        .await
+        .expect("retried until applied");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+
+    store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
+    let once = fleet.clone().with_retry_budget(Duration::ZERO);
+    let refused = ack_user(once, 2).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    a.stop().await;
 }

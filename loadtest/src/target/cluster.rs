@@ -2,8 +2,8 @@
 //! owner by the routing table (`readstates-routing`'s [`FleetClient`]), as a
 //! gateway that routes would. Requests touching many users go to the owner
 //! of their first user (the author, for MessageCreated), which splits them.
-//! A refusal from a node with a newer table makes it read the table again
-//! and send the request once more.
+//! What was not applied (`UNAVAILABLE`: a slot moving, a node draining) is
+//! sent again, as the client retries it (see its module doc).
 
 use readstates_routing::client::FleetClient;
 
@@ -25,17 +25,9 @@ impl ClusterTarget {
     }
 
     pub async fn execute(&self, op: &Op) -> Result<(), String> {
-        let user_id = op.routing_user();
-        match send(self.fleet.for_user(user_id), op).await {
-            Ok(()) => Ok(()),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                // Maybe a newer table: read it, and try once more.
-                let _ = self.fleet.refresh().await;
-                send(self.fleet.for_user(user_id), op)
-                    .await
-                    .map_err(|status| format!("{:?}", status.code()))
-            }
-            Err(status) => Err(format!("{:?}", status.code())),
-        }
+        self.fleet
+            .send(op.routing_user(), |client| send(client, op))
+            .await
+            .map_err(|status| format!("{:?}", status.code()))
     }
 }
