@@ -18,7 +18,6 @@ use tonic_health::server::HealthReporter;
 
 use crate::cache::{Cache, CacheConfig};
 use crate::cluster::member::{Member, MemberConfig};
-use crate::cluster::ownership::Ownership;
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
@@ -27,6 +26,7 @@ use crate::grpc::release_slots::FleetService;
 use crate::grpc::route::Router;
 use crate::grpc::{ReadStatesService, ServiceConfig};
 use crate::metrics;
+use crate::ownership::Ownership;
 use crate::proto::fleet_server::FleetServer;
 use crate::proto::read_states_server::ReadStatesServer;
 use crate::store::Store;

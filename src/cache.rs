@@ -25,9 +25,9 @@ use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
 use crate::clock;
-use crate::cluster::ownership::{Ownership, SlotState};
 use crate::config::Config;
 use crate::error::Error;
+use crate::ownership::{Ownership, SlotState};
 use crate::read_state::{UserReadStates, UserView};
 use crate::recent_deletions::{Deletion, RecentDeletions};
 use crate::store::{Store, UserWrite};
@@ -169,7 +169,7 @@ impl Cache {
                     Ok(entry) => entry,
                     Err(refused) => return Some(Err(refused)),
                 };
-                // Checked inside the gate: see `crate::cluster::ownership`.
+                // Checked inside the gate: see `crate::ownership`.
                 if let Err(moved) = self.served(user_id) {
                     return Some(Err(moved));
                 }
@@ -583,7 +583,7 @@ impl Cache {
                 let pins = shard.loading.remove(&user_id).map_or(0, |l| l.pins);
                 let shared = match result {
                     // Kept only if the slot was served all along: see
-                    // `crate::cluster::ownership`.
+                    // `crate::ownership`.
                     Ok(_) if !cache.ownership.keeps(ticket) => Err(LoadFailure::NotServed),
                     Ok(stored) => {
                         shard.insert_loaded(user_id, stored.into_user(clock::now_micros()), pins);

@@ -3,16 +3,15 @@
 //!
 //! - [`ring_store`]: where the ring is kept (Cassandra in production),
 //!   changed only by compare-and-set on its epoch.
-//! - [`admin`]: `readstates ring ...`, one change at a time.
-//! - [`ownership`]: the state of every slot on this node, checked by every
-//!   change under the cache's change gate.
-//! - [`member`]: follows the ring; releases lost slots, then acquires
-//!   gained ones from their previous owners ([`peers`]).
+//! - [`admin`]: changes to the ring, one at a time.
+//! - [`member`]: follows the ring; releases lost slots, handing their users
+//!   over ([`handoff`]), then acquires gained ones from their previous
+//!   owners ([`peers`]). It drives the cache and the slots' states
+//!   ([`crate::ownership`]), which sit below it.
 
 pub mod admin;
 pub mod handoff;
 pub mod member;
-pub mod ownership;
 pub mod peers;
 pub mod ring_store;
 

@@ -47,7 +47,7 @@ pub enum Error {
     #[error("user {user_id} is not served by this node (its slot is {})", .state.name())]
     NotServed {
         user_id: u64,
-        state: crate::cluster::ownership::SlotState,
+        state: crate::ownership::SlotState,
     },
     /// A Watch subscription of a user served by another node could not be
     /// sent there (the node is down or left the ring).
@@ -59,7 +59,7 @@ pub enum Error {
     NotReleased {
         slot: u16,
         epoch: u64,
-        state: crate::cluster::ownership::SlotState,
+        state: crate::ownership::SlotState,
     },
     /// `HandOver` that this node does not take now (another epoch, or a
     /// slot it is not acquiring from the sender): the sender writes the

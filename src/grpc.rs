@@ -35,10 +35,10 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
-use crate::cluster::ownership::SlotState;
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
+use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;

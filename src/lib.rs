@@ -3,15 +3,17 @@
 //!
 //! # Layout
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing.
-//! - [`app`]: wires the parts together and runs them; `main.rs` only calls it.
+//! - [`app`]: wires the parts together and runs them; `main.rs` only calls it
+//!   ([`ring_command`] for `readstates ring`).
 //! - [`read_state`]: the domain, its rules and per-user versions.
-//! - [`cache`]: sharded LRU of users, loading on miss.
+//! - [`cache`]: sharded LRU of users, loading on miss; only the users of
+//!   slots this node serves ([`ownership`]).
 //! - [`write_behind`]: writes changed users to the store after a delay.
 //! - [`watch`]: live change streams, fed by the cache shards.
 //! - [`store`]: the [`store::Store`] trait and its implementations.
 //! - [`cluster`]: a fleet of nodes: the ring (where it is kept, how it
-//!   changes), each slot's ownership on this node, and the handoff of
-//!   slots between nodes.
+//!   changes), and the handoff of slots between nodes, which drives the
+//!   cache.
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
 //! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
@@ -36,9 +38,11 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
+pub mod ownership;
 pub mod proto;
 pub mod read_state;
 pub mod recent_deletions;
+pub mod ring_command;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -14,7 +14,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use clap::Parser;
 use readstates::app::{self, Application};
 use readstates::config::{Cli, Command, Config, ServeArgs};
-use readstates::{cluster, shutdown, telemetry};
+use readstates::{ring_command, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -52,7 +52,7 @@ async fn main() -> ExitCode {
                 Ok(config) => config,
                 Err(exit) => return exit,
             };
-            match cluster::admin::run(&config, args.action).await {
+            match ring_command::run(&config, args.action).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("{e}");

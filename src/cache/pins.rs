@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::Cache;
 use super::shard::LoadResult;
-use crate::cluster::ownership::LoadTicket;
+use crate::ownership::LoadTicket;
 
 type Pin = (u64, Option<watch::Receiver<LoadResult>>, LoadTicket);
 

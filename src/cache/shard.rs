@@ -50,7 +50,7 @@ pub(crate) enum LoadFailure {
     /// The store failed.
     Store(String),
     /// The user's slot stopped being served while it loaded (see
-    /// [`crate::cluster::ownership`]): what was read is not kept.
+    /// [`crate::ownership`]): what was read is not kept.
     NotServed,
 }
 

@@ -291,7 +291,7 @@ async fn a_closed_cache_refuses_changes_and_still_reads() {
 
 mod release {
     use super::*;
-    use crate::cluster::ownership::{Ownership, SlotState};
+    use crate::ownership::{Ownership, SlotState};
     use crate::store::StoredUser;
     use crate::watch::{Event, Feed};
     use crate::write_behind::{WriteBehind, WriteBehindConfig};

@@ -1,7 +1,8 @@
-//! `readstates ring ...`: shows the ring and changes it, one change at a
-//! time. A change is refused while the previous one is still being handed
-//! over (some owner of the current epoch does not serve all its slots yet),
-//! so at most two epochs are ever live: the one being left and the current.
+//! Changes to the ring, one at a time (`readstates ring ...` makes them, see
+//! [`crate::ring_command`]).
+//! A change is refused while the previous one is still being handed over
+//! (some owner of the current epoch does not serve all its slots yet), so
+//! at most two epochs are ever live: the one being left and the current.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -10,10 +11,7 @@ use std::time::Duration;
 use readstates_routing::ring::NO_OWNER;
 use readstates_routing::{Node, RingError};
 
-use super::ring_store::cassandra::CassandraRingStore;
 use super::ring_store::{RingRecord, RingStore};
-use crate::app::BoxError;
-use crate::config::{Config, RingAction, WaitArgs};
 use crate::store::StoreError;
 
 /// A change to the ring, each making a new epoch.
@@ -63,56 +61,6 @@ pub enum AdminError {
         after: Duration,
         waiting: Vec<String>,
     },
-}
-
-/// Runs `readstates ring ACTION` against the ring in Cassandra, printing
-/// what it did.
-pub async fn run(config: &Config, action: RingAction) -> Result<(), BoxError> {
-    let store = CassandraRingStore::connect(&config.cassandra()).await?;
-    let (ring_change, wait) = match action {
-        RingAction::Show => {
-            let record = store.load().await?;
-            print!("{}", describe(&record, &store.progress().await?));
-            return Ok(());
-        }
-        RingAction::Release { node, force } => {
-            let slots = release(&store, &node, force).await?;
-            println!("{node}: {slots} slots released; their new owners serve them from the store");
-            return Ok(());
-        }
-        RingAction::Add {
-            node,
-            address,
-            weight,
-            wait,
-        } => (
-            RingChange::Add(Node {
-                id: node,
-                address,
-                weight,
-            }),
-            wait,
-        ),
-        RingAction::SetWeight { node, weight, wait } => {
-            (RingChange::SetWeight { node, weight }, wait)
-        }
-        RingAction::Remove { node, wait } => (RingChange::Remove { node }, wait),
-    };
-    let started = tokio::time::Instant::now();
-    let record = change(&store, ring_change).await?;
-    let epoch = record.ring.epoch();
-    println!("epoch {epoch}: {} slots move", record.moving().count());
-    if let WaitArgs {
-        wait: Some(timeout),
-    } = wait
-    {
-        wait_served(&store, epoch, timeout).await?;
-        println!(
-            "epoch {epoch}: every slot served by its owner after {} ms",
-            started.elapsed().as_millis()
-        );
-    }
-    Ok(())
 }
 
 /// Makes the next epoch, if the current one is fully served.

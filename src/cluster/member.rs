@@ -31,13 +31,13 @@ use futures::StreamExt;
 use metrics::counter;
 
 use super::handoff::{self, Handoff, Part, Parts};
-use super::ownership::{Ownership, SlotState};
 use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
 use crate::cache::handoff::Chunk;
 use crate::error::Error;
 use crate::metrics::{HANDED_IN_USERS, MOVED_USERS};
+use crate::ownership::{Ownership, SlotState};
 
 /// How long a `HandOver` waits for this node to adopt its epoch.
 const RECEIVE_WAIT: Duration = Duration::from_secs(2);

@@ -17,9 +17,9 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::cluster::member::Member;
-use crate::cluster::ownership::SlotState;
 use crate::cluster::peers::GrpcPeers;
 use crate::error::Error;
+use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
 
 /// Set on a forwarded request; on a refusal, the owner (`id@host:port`)

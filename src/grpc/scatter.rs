@@ -19,8 +19,8 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use super::route::{EPOCH, HOLD, Router};
-use crate::cluster::ownership::SlotState;
 use crate::error::Error;
+use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
 
 /// How to split one kind of request and put its answers together.

@@ -27,8 +27,8 @@ mod relay;
 use super::route::Router;
 use super::validate;
 use crate::cache::Cache;
-use crate::cluster::ownership::SlotState;
 use crate::error::Error;
+use crate::ownership::SlotState;
 use crate::proto::{
     ReadStatesChanged, WatchEvent, WatchMoved, WatchRejected, WatchRequest, WatchResync,
     watch_event, watch_request,
