@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use readstates_routing::Node;
 use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,7 @@ use tonic_health::server::HealthReporter;
 use crate::cache::{Cache, CacheConfig};
 use crate::cluster::member::{Member, MemberConfig};
 use crate::cluster::peers::GrpcPeers;
+use crate::cluster::presence::Presence;
 use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, StoreKind};
@@ -181,6 +183,19 @@ impl Application {
             ReadStatesService::new(cache.clone(), ServiceConfig::from(&config), stop.clone());
         // A node of a fleet follows the ring, routes, and answers the other
         // nodes' ReleaseSlots.
+        // A node that joins and drains by itself (`--join-weight`,
+        // `--drain-timeout`).
+        let presence = match (&ring_store, &config.node_id, &config.advertise) {
+            (Some(ring_store), Some(node_id), Some(advertise)) => Some(Presence {
+                ring_store: ring_store.clone(),
+                node: Node {
+                    id: node_id.clone(),
+                    address: advertise.clone(),
+                    weight: config.join_weight.unwrap_or(0),
+                },
+            }),
+            _ => None,
+        };
         let (member, follower) = match (ring_store, &config.node_id) {
             (Some(ring_store), Some(node_id)) => {
                 let peers = Arc::new(GrpcPeers::new(tls.clone()));
@@ -225,6 +240,18 @@ impl Application {
                 )
             }
         };
+        // Once the gRPC port serves: the nodes handing slots over reach it.
+        let joiner = match (&presence, config.join_weight) {
+            (Some(presence), Some(_)) => {
+                let (presence, stop) = (presence.clone(), stop.clone());
+                Some(tokio::spawn(async move {
+                    if let Err(e) = presence.join(&stop).await {
+                        tracing::error!(error = %e, "cannot join the ring; `readstates ring add` it");
+                    }
+                }))
+            }
+            _ => None,
+        };
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             grpc = %grpc_addr,
@@ -238,6 +265,9 @@ impl Application {
         );
         Ok(Running {
             shutdown_timeout: config.shutdown_timeout,
+            drain: presence.filter(|_| !config.drain_timeout.is_zero()),
+            drain_timeout: config.drain_timeout,
+            joiner,
             health,
             stop,
             server,
@@ -255,6 +285,11 @@ impl Application {
 #[derive(Debug)]
 pub struct Running {
     shutdown_timeout: Duration,
+    /// A fleet node that hands its slots to the others before it stops.
+    drain: Option<Presence>,
+    drain_timeout: Duration,
+    /// Adds the node to the ring (`--join-weight`), stopped with `stop`.
+    joiner: Option<JoinHandle<()>>,
     health: HealthReporter,
     /// Stops the gRPC server's accept loop, the sampler and `/metrics`.
     stop: CancellationToken,
@@ -282,12 +317,25 @@ impl Running {
         }
     }
 
-    /// Stops in order: reports not serving, stops taking connections, gives
+    /// Stops in order: drains a fleet node that drains itself (its slots
+    /// handed to the other nodes, see [`Presence::drain`]), reports not
+    /// serving, stops taking connections, gives
     /// the requests under way [`REQUEST_GRACE`], then refuses changes and
     /// writes every unwritten one (see [`WriteBehind::shutdown`]), and last
     /// stops the metrics ([`METRICS_GRACE`]). The report says what could not
     /// be written.
     pub async fn stop(mut self) -> Result<ShutdownReport, BoxError> {
+        if let Some(presence) = self.drain.take()
+            && self.server_ended.is_none()
+        {
+            tracing::info!(within = ?self.drain_timeout, "draining: handing this node's slots to the others");
+            match presence.drain(self.drain_timeout).await {
+                Ok(()) => tracing::info!("drained: the other nodes serve this node's slots"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "not drained; shutting down with the slots still here")
+                }
+            }
+        }
         tracing::info!("shutting down: no new requests; writing unwritten changes");
         self.health
             .set_not_serving::<ReadStatesServer<ReadStatesService>>()
@@ -306,9 +354,13 @@ impl Running {
                 }
             },
         };
-        for task in [self.follower.take(), self.tls_reloader.take()]
-            .into_iter()
-            .flatten()
+        for task in [
+            self.follower.take(),
+            self.tls_reloader.take(),
+            self.joiner.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = task.await;
         }

@@ -4,6 +4,7 @@
 //! - [`ring_store`]: where the ring is kept (Cassandra in production),
 //!   changed only by compare-and-set on its epoch.
 //! - [`admin`]: changes to the ring, one at a time.
+//! - [`presence`]: a node joins, drains and rejoins the ring by itself.
 //! - [`member`]: follows the ring; releases lost slots, handing their users
 //!   over ([`handoff`]), then acquires gained ones from their previous
 //!   owners ([`peers`]). It drives the cache and the slots' states
@@ -13,6 +14,7 @@ pub mod admin;
 pub mod handoff;
 pub mod member;
 pub mod peers;
+pub mod presence;
 pub mod ring_store;
 
 pub use ring_store::{RingRecord, RingStore};

@@ -339,6 +339,18 @@ settings! {
     #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     ring_poll: Duration = Duration::from_secs(1);
+    /// A fleet node adds itself to the ring at this weight when it is not
+    /// in it, and takes back the weight it had when it drained itself (see
+    /// `drain_timeout`). Unset: only `readstates ring` changes the ring.
+    #[arg(long, env = "READSTATES_JOIN_WEIGHT")]
+    join_weight: Option<u32> = None;
+    /// On SIGTERM, a fleet node first hands its slots to the others (its
+    /// weight set to 0, remembered for `join_weight`) and waits up to this
+    /// long for them to serve them, then shuts down. 0: no drain, the
+    /// node's slots wait for it to come back.
+    #[arg(long, env = "READSTATES_DRAIN_TIMEOUT", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    drain_timeout: Duration = Duration::ZERO;
     /// Serves gRPC over TLS with this PEM certificate chain (leaf first);
     /// needs `tls_key`. Without it the port is plaintext.
     #[arg(long, env = "READSTATES_TLS_CERT")]
@@ -437,6 +449,10 @@ impl Config {
             if self.ring_poll.is_zero() {
                 return refuse("ring_poll must be above 0");
             }
+        } else if self.join_weight.is_some() || !self.drain_timeout.is_zero() {
+            return refuse(
+                "join_weight and drain_timeout need node_id: only a node of a fleet has a ring                  to join or drain",
+            );
         }
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), None) | (None, Some(_)) => {

@@ -40,6 +40,9 @@ pub const SLOTS: &str = "readstates_slots";
 /// Users of released slots, by how they left: `handed` over warm, or
 /// `written` to the store and dropped (a handoff that failed).
 pub const MOVED_USERS: &str = "readstates_moved_users_total";
+/// Tries of a node's own ring change (joining, draining) that waited for
+/// another change to be handed over first.
+pub const RING_CHANGE_WAITS: &str = "readstates_ring_change_waits_total";
 /// Users installed from handoffs by their previous owners.
 pub const HANDED_IN_USERS: &str = "readstates_handed_in_users_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";

@@ -3,10 +3,11 @@
 //! retries what was not applied: an `UNAVAILABLE` naming a newer epoch in
 //! its trailers (`x-readstates-epoch`) means "your table is old", so it
 //! reads the table again and retries there at once; any other
-//! `UNAVAILABLE` (a slot being moved, a node restarting or draining) is
-//! retried after a short backoff, the table read again, until the retry
-//! budget ([`FleetClient::with_retry_budget`]) runs out. Every request of
-//! the readstates API is safe to send again (a redelivery counts nothing).
+//! `UNAVAILABLE` (a slot being moved, a node restarting or draining), and a
+//! `CANCELLED` connection that went away under the request, is retried
+//! after a short backoff, the table read again, until the retry budget
+//! ([`FleetClient::with_retry_budget`]) runs out. Every request of the
+//! readstates API is safe to send again (a redelivery counts nothing).
 //!
 //! Channels are plaintext unless made by the caller
 //! ([`FleetClient::connect_with`]: TLS, say).
@@ -111,13 +112,25 @@ impl FleetClient {
         Ok(client)
     }
 
-    /// Reads the table again (from the entry node); returns its epoch.
+    /// Reads the table again, from the entry node or, if it does not
+    /// answer (restarting, say), from the other nodes of the table in
+    /// turn; returns its epoch.
     pub async fn refresh(&self) -> Result<u64, Status> {
-        let table = ReadStatesClient::new(self.inner.entry.clone())
+        let mut table = ReadStatesClient::new(self.inner.entry.clone())
             .get_routing_table(GetRoutingTableRequest {})
-            .await?
-            .into_inner();
-        let ring = Arc::new(to_ring(table)?);
+            .await;
+        if table.is_err() {
+            for node in self.ring().nodes() {
+                let answer = ReadStatesClient::new(self.channel(node))
+                    .get_routing_table(GetRoutingTableRequest {})
+                    .await;
+                if answer.is_ok() {
+                    table = answer;
+                    break;
+                }
+            }
+        }
+        let ring = Arc::new(to_ring(table?.into_inner())?);
         let epoch = ring.epoch();
         let mut current = self.inner.ring.write().unwrap_or_else(|e| e.into_inner());
         if epoch >= current.epoch() {
@@ -176,7 +189,11 @@ impl FleetClient {
         loop {
             let status = match send(self.for_user(user_id)).await {
                 Ok(answer) => return Ok(answer),
-                Err(status) if status.code() == Code::Unavailable => status,
+                // CANCELLED: the connection went away under the request
+                // (a node shutting down), which resending is safe for too.
+                Err(status) if matches!(status.code(), Code::Unavailable | Code::Cancelled) => {
+                    status
+                }
                 Err(status) => return Err(status),
             };
             if tokio::time::Instant::now() >= deadline {

@@ -89,4 +89,10 @@ pub trait RingStore: Send + Sync + std::fmt::Debug {
 
     /// The newest epoch each node reported.
     async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError>;
+
+    /// The weight `node` had when it drained itself, until it takes it back.
+    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, StoreError>;
+
+    /// Remembers (or, with `None`, forgets) the weight `node` drained from.
+    async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError>;
 }

@@ -39,16 +39,31 @@ struct Fleet {
     keyspace: String,
     ring: Arc<CassandraRingStore>,
     servers: Vec<Option<Server>>,
+    /// Nodes join the ring at weight 100 and drain on SIGTERM by
+    /// themselves (`--join-weight`, `--drain-timeout`).
+    joining: bool,
 }
 
 impl Fleet {
     async fn start(name: &str) -> Fleet {
+        Fleet::start_with(name, false).await
+    }
+
+    /// Nodes that join the ring by themselves, and drain on SIGTERM.
+    async fn start_joining(name: &str) -> Fleet {
+        let fleet = Fleet::start_with(name, true).await;
+        fleet.wait_joined(IDS.len()).await;
+        fleet
+    }
+
+    async fn start_with(name: &str, joining: bool) -> Fleet {
         let (keyspace, ring) = fresh_keyspace(name).await;
         let ring = Arc::new(ring);
         let mut fleet = Fleet {
             keyspace,
             ring,
             servers: Vec::new(),
+            joining,
         };
         for id in IDS {
             // A port of its own, known before it starts: the node advertises
@@ -63,13 +78,45 @@ impl Fleet {
                 weight: 100,
             };
             fleet.servers.push(Some(server));
-            fleet.change(RingChange::Add(node)).await;
+            if !joining {
+                fleet.change(RingChange::Add(node)).await;
+            }
         }
         fleet
     }
 
+    /// Waits until `nodes` nodes are in the ring at weight 100 and every
+    /// slot is served; how long it took.
+    async fn wait_joined(&self, nodes: usize) -> Duration {
+        let started = Instant::now();
+        loop {
+            let record = self.ring.load().await.expect("ring");
+            let joined = record
+                .ring
+                .nodes()
+                .iter()
+                .filter(|n| n.weight == 100)
+                .count();
+            if joined == nodes {
+                let epoch = record.ring.epoch();
+                if admin::wait_served(&*self.ring, epoch, Duration::from_secs(1))
+                    .await
+                    .is_ok()
+                {
+                    return started.elapsed();
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "not joined: {:?}",
+                record.ring.nodes()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     fn serve(&self, id: &str, listen: &str) -> Server {
-        let args = [
+        let mut args = vec![
             "--node-id",
             id,
             "--advertise",
@@ -81,6 +128,9 @@ impl Fleet {
             "--shutdown-timeout",
             "60s",
         ];
+        if self.joining {
+            args.extend(["--join-weight", "100", "--drain-timeout", "30s"]);
+        }
         Server::start_in(&self.keyspace, listen, &nodes(), &args)
     }
 
@@ -123,8 +173,20 @@ struct Ledger {
     acks: HashMap<(u64, u64), Vec<(u64, Instant)>>,
     /// user -> MessageCreated answered OK, and those never answered.
     counted: BTreeMap<u64, (u32, u32)>,
-    /// Requests that got UNAVAILABLE and were sent again.
+    /// Requests that got UNAVAILABLE and were sent again (the test's own
+    /// retries, for requests entering at one node).
     retried: u64,
+    /// Requests answered with an error in the end, and the first of them.
+    errors: u64,
+    first_error: Option<String>,
+}
+
+impl Ledger {
+    fn error(&mut self, status: &tonic::Status) {
+        self.errors += 1;
+        self.first_error
+            .get_or_insert_with(|| format!("{:?}: {}", status.code(), status.message()));
+    }
 }
 
 /// How a client reaches the fleet.
@@ -166,12 +228,14 @@ async fn load(routes: [Route; 2], first: u64, stop: Arc<AtomicBool>) -> Ledger {
                         c.ack(ack(user_id, channel_id, message_id)).await
                     })
                     .await;
-                    if let Ok(response) = answer
-                        && response.applied
-                    {
-                        let mut ledger = ledger.lock().unwrap();
-                        let acks = ledger.acks.entry((user_id, channel_id)).or_default();
-                        acks.push((message_id, sent));
+                    let mut ledger = ledger.lock().unwrap();
+                    match answer {
+                        Ok(response) if response.applied => {
+                            let acks = ledger.acks.entry((user_id, channel_id)).or_default();
+                            acks.push((message_id, sent));
+                        }
+                        Ok(_) => {}
+                        Err(status) => ledger.error(&status),
                     }
                 } else {
                     let mut users: Vec<u64> = (0..6).map(|_| user(&mut rng)).collect();
@@ -185,6 +249,9 @@ async fn load(routes: [Route; 2], first: u64, stop: Arc<AtomicBool>) -> Ledger {
                     })
                     .await;
                     let mut ledger = ledger.lock().unwrap();
+                    if let Err(status) = &answer {
+                        ledger.error(status);
+                    }
                     for user in users {
                         let counted = ledger.counted.entry(user).or_default();
                         match &answer {
@@ -208,7 +275,8 @@ async fn load(routes: [Route; 2], first: u64, stop: Arc<AtomicBool>) -> Ledger {
 
 /// Sends a request until it is answered with anything but UNAVAILABLE, or
 /// for 10 s; every change RPC is idempotent or all-or-nothing, so sending
-/// again after UNAVAILABLE ("not applied") is safe.
+/// again after UNAVAILABLE ("not applied") is safe. The routing client
+/// retries by itself.
 async fn retry<R, F, Fut>(
     route: &Route,
     user_id: u64,
@@ -219,15 +287,15 @@ where
     F: Fn(ReadStatesClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
 {
+    if let Route::Owners(fleet) = route {
+        return fleet.call(user_id, call).await;
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match call(route.client(user_id)).await {
             Ok(response) => return Ok(response.into_inner()),
             Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
                 ledger.lock().unwrap().retried += 1;
-                if let Route::Owners(fleet) = route {
-                    let _ = fleet.refresh().await;
-                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(status) => return Err(status),
@@ -371,4 +439,73 @@ async fn a_crash_loses_at_most_the_write_delay_on_that_node_only() {
         oldest <= Duration::from_secs(3),
         "lost an ack sent {oldest:?} before the kill"
     );
+}
+
+/// Issue 20, part 2: the nodes join the ring by themselves; then each in
+/// turn gets SIGTERM (it drains: its weight goes to 0 and its users are
+/// handed to the others), starts again and takes its weight back, as a
+/// rolling update of the StatefulSet does, with no ring command typed. The
+/// load goes through the routing client: no request fails, and Cassandra
+/// holds every acknowledged change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_by_drain_and_rejoin_under_load_fails_nothing_and_loses_nothing() {
+    let mut fleet = Fleet::start_joining("fleet_rolling").await;
+    let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let owners = FleetClient::connect(&fleet.server(0).grpc.to_string())
+        .await
+        .expect("routing table");
+    let routes = [Route::Owners(owners.clone()), Route::Owners(owners)];
+    let operator = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut took = Vec::new();
+        for (index, id) in IDS.iter().enumerate() {
+            let started = Instant::now();
+            let listen = fleet.server(index).grpc.to_string();
+            let mut stopping = fleet.servers[index].take().unwrap();
+            stopping.signal_terminate();
+            let exit = tokio::task::block_in_place(|| stopping.wait_for_exit());
+            assert!(exit.success(), "{id} drained and wrote everything");
+            let record = fleet.ring.load().await.unwrap();
+            assert_eq!(
+                record.ring.node(id).map(|n| n.weight),
+                Some(0),
+                "{id} drained"
+            );
+            assert_eq!(record.ring.slots_of(id).count(), 0);
+            let drained = started.elapsed();
+            fleet.servers[index] = Some(fleet.serve(id, &listen));
+            fleet.wait_joined(IDS.len()).await;
+            took.push((drained, started.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        took
+    };
+    let (ledger, took) = tokio::join!(load(routes, first, stop.clone()), operator);
+    let mut handed = 0.0;
+    for server in fleet.servers.iter().flatten() {
+        handed += server.metric("readstates_handed_in_users_total").await;
+    }
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        assert!(tokio::task::block_in_place(|| server.terminate()).success());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
+    println!(
+        "rolling restart under load: {acknowledged} acks acknowledged, {} missing, {} errors; \
+         {unanswered} unanswered counts; each node (drained, back at its weight and served) \
+         after {took:?}; {handed} users handed over since the last restarts",
+        missing.len(),
+        ledger.errors,
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
+    assert_eq!(
+        ledger.errors, 0,
+        "requests failed: {:?}",
+        ledger.first_error
+    );
+    assert!(handed > 0.0, "users moved warm");
 }

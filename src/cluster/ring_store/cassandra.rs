@@ -31,6 +31,8 @@ pub struct CassandraRingStore {
     release: PreparedStatement,
     report: PreparedStatement,
     progress: PreparedStatement,
+    drained: PreparedStatement,
+    set_drained: PreparedStatement,
 }
 
 impl CassandraRingStore {
@@ -100,6 +102,18 @@ impl CassandraRingStore {
         )
         .await?;
         progress.set_is_idempotent(true);
+        let mut drained = prepare(
+            format!("SELECT drained_weight FROM {keyspace}.ring_progress WHERE node = ?"),
+            false,
+        )
+        .await?;
+        drained.set_is_idempotent(true);
+        let mut set_drained = prepare(
+            format!("UPDATE {keyspace}.ring_progress SET drained_weight = ? WHERE node = ?"),
+            false,
+        )
+        .await?;
+        set_drained.set_is_idempotent(true);
         Ok(CassandraRingStore {
             session,
             load,
@@ -108,6 +122,8 @@ impl CassandraRingStore {
             release,
             report,
             progress,
+            drained,
+            set_drained,
         })
     }
 
@@ -221,6 +237,28 @@ impl RingStore for CassandraRingStore {
             progress.insert(node, epoch.unwrap_or(0) as u64);
         }
         Ok(progress)
+    }
+
+    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, StoreError> {
+        let result = self
+            .session
+            .execute_unpaged(&self.drained, (node,))
+            .await
+            .map_err(error)?;
+        let rows = result.into_rows_result().map_err(error)?;
+        let row: Option<(Option<i32>,)> = rows.maybe_first_row().map_err(error)?;
+        Ok(row
+            .and_then(|(weight,)| weight)
+            .map(|w| u32::try_from(w).unwrap_or(0)))
+    }
+
+    async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError> {
+        let weight = weight.map(|w| i32::try_from(w).unwrap_or(i32::MAX));
+        self.session
+            .execute_unpaged(&self.set_drained, (weight, node))
+            .await
+            .map_err(error)?;
+        Ok(())
     }
 }
 

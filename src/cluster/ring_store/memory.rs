@@ -11,12 +11,14 @@ use crate::store::StoreError;
 #[derive(Debug)]
 pub struct MemoryRingStore {
     state: Mutex<(RingRecord, BTreeMap<String, u64>)>,
+    drained: Mutex<BTreeMap<String, u32>>,
 }
 
 impl Default for MemoryRingStore {
     fn default() -> Self {
         MemoryRingStore {
             state: Mutex::new((RingRecord::empty(), BTreeMap::new())),
+            drained: Mutex::default(),
         }
     }
 }
@@ -58,5 +60,19 @@ impl RingStore for MemoryRingStore {
 
     async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError> {
         Ok(self.state().1.clone())
+    }
+
+    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, StoreError> {
+        let drained = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(drained.get(node).copied())
+    }
+
+    async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError> {
+        let mut drained = self.drained.lock().unwrap_or_else(|e| e.into_inner());
+        match weight {
+            Some(weight) => drained.insert(node.to_owned(), weight),
+            None => drained.remove(node),
+        };
+        Ok(())
     }
 }

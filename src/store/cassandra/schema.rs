@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 5] = [
+const MIGRATIONS: [(&str, &str); 6] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -25,6 +25,10 @@ const MIGRATIONS: [(&str, &str); 5] = [
         include_str!("../../../schema/004_watermark_and_mute.cql"),
     ),
     ("005_ring.cql", include_str!("../../../schema/005_ring.cql")),
+    (
+        "006_drained_weight.cql",
+        include_str!("../../../schema/006_drained_weight.cql"),
+    ),
 ];
 
 /// Creates the keyspace (with `replication`, a CQL map) and the tables.

@@ -1,0 +1,235 @@
+//! This node's place in the ring, kept by the node itself: it joins at a
+//! weight when it is not in the ring, drains itself on stop (its weight to
+//! 0, its slots handed to the others warm), and takes back the weight it
+//! drained from when it starts again. Changes go through [`admin::change`]
+//! like an operator's, so they stay one at a time: a node whose change is
+//! refused because another is still being handed over waits its turn
+//! (logged, and counted in `readstates_ring_change_waits_total`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::counter;
+use readstates_routing::Node;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::admin::{self, AdminError, RingChange};
+use super::ring_store::RingStore;
+use crate::metrics::RING_CHANGE_WAITS;
+
+/// Between two tries of a change that had to wait its turn.
+const TURN_POLL: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Debug)]
+pub struct Presence {
+    pub ring_store: Arc<dyn RingStore>,
+    /// This node, at the weight it joins with.
+    pub node: Node,
+}
+
+impl Presence {
+    /// Adds this node at its weight if the ring does not have it, or gives
+    /// it back the weight it drained from; waits its turn until `stop`.
+    /// Returns the change made, if any.
+    pub async fn join(&self, stop: &CancellationToken) -> Result<Option<u64>, AdminError> {
+        let id = self.node.id.as_str();
+        loop {
+            let record = self.ring_store.load().await?;
+            let change = match record.ring.node(id) {
+                None => RingChange::Add(self.node.clone()),
+                Some(node) if node.weight == 0 => match self.ring_store.drained_weight(id).await? {
+                    Some(weight) => RingChange::SetWeight {
+                        node: id.to_owned(),
+                        weight,
+                    },
+                    // At 0 by an operator's choice (a canary not ramped yet).
+                    None => return Ok(None),
+                },
+                Some(node) => {
+                    if node.address != self.node.address {
+                        tracing::warn!(ring = %node.address, advertise = %self.node.address, "the ring has this node at another address");
+                    }
+                    return Ok(None);
+                }
+            };
+            let made = tokio::select! {
+                made = self.in_turn(change, None) => made?,
+                () = stop.cancelled() => return Ok(None),
+            };
+            if let Some(epoch) = made {
+                self.ring_store.set_drained_weight(id, None).await?;
+                tracing::info!(epoch, "joined the ring");
+                return Ok(Some(epoch));
+            }
+        }
+    }
+
+    /// Sets this node's weight to 0, remembering the weight it had, and
+    /// waits until the others serve its slots; all within `within`.
+    pub async fn drain(&self, within: Duration) -> Result<(), AdminError> {
+        let deadline = Instant::now() + within;
+        let id = self.node.id.as_str();
+        loop {
+            let record = self.ring_store.load().await?;
+            let weight = match record.ring.node(id) {
+                Some(node) if node.weight > 0 => node.weight,
+                _ => return Ok(()),
+            };
+            // First, so that a node that dies while draining still gets its
+            // weight back when it starts again.
+            self.ring_store.set_drained_weight(id, Some(weight)).await?;
+            let change = RingChange::SetWeight {
+                node: id.to_owned(),
+                weight: 0,
+            };
+            if let Some(epoch) = self.in_turn(change, Some(deadline)).await? {
+                tracing::info!(epoch, weight, "draining: slots handed to the other nodes");
+                let left = deadline.saturating_duration_since(Instant::now());
+                return admin::wait_served(&*self.ring_store, epoch, left).await;
+            }
+        }
+    }
+
+    /// Makes `change` once no other is being handed over (by `deadline`,
+    /// if any); the epoch it made, or `None` if another change made the ring
+    /// move first (the caller looks again).
+    async fn in_turn(
+        &self,
+        change: RingChange,
+        deadline: Option<Instant>,
+    ) -> Result<Option<u64>, AdminError> {
+        let mut waited = false;
+        loop {
+            match admin::change(&*self.ring_store, change.clone()).await {
+                Ok(record) => return Ok(Some(record.ring.epoch())),
+                Err(AdminError::Conflict(_)) => return Ok(None),
+                Err(AdminError::HandoffUnderWay { epoch, waiting })
+                    if deadline.is_none_or(|d| Instant::now() + TURN_POLL < d) =>
+                {
+                    if !waited {
+                        tracing::info!(epoch, waiting = %waiting.join(", "), ?change, "waiting for the ring change under way");
+                        waited = true;
+                    }
+                    counter!(RING_CHANGE_WAITS).increment(1);
+                    tokio::time::sleep(TURN_POLL).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ring_store::memory::MemoryRingStore;
+
+    fn presence(ring: &Arc<MemoryRingStore>, id: &str, weight: u32) -> Presence {
+        Presence {
+            ring_store: ring.clone(),
+            node: Node {
+                id: id.to_owned(),
+                address: format!("{id}:50051"),
+                weight,
+            },
+        }
+    }
+
+    /// Every owner of the current epoch reports it served (the nodes' part).
+    async fn serve(ring: &MemoryRingStore) {
+        let record = ring.load().await.unwrap();
+        for node in record.ring.nodes() {
+            ring.report(&node.id, record.ring.epoch()).await.unwrap();
+        }
+    }
+
+    fn weight(record: &crate::cluster::RingRecord, id: &str) -> Option<u32> {
+        record.ring.node(id).map(|n| n.weight)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_node_joins_drains_and_takes_its_weight_back() {
+        let ring = Arc::new(MemoryRingStore::default());
+        let stop = CancellationToken::new();
+        let (a, b) = (presence(&ring, "a", 100), presence(&ring, "b", 50));
+        assert_eq!(a.join(&stop).await.unwrap(), Some(1));
+        serve(&ring).await;
+        assert_eq!(b.join(&stop).await.unwrap(), Some(2));
+        serve(&ring).await;
+        assert_eq!(a.join(&stop).await.unwrap(), None, "in the ring already");
+
+        // An operator's weight stays what it is across a drain and rejoin.
+        admin::change(
+            &*ring,
+            RingChange::SetWeight {
+                node: "b".into(),
+                weight: 70,
+            },
+        )
+        .await
+        .unwrap();
+        serve(&ring).await;
+        let draining = tokio::spawn({
+            let b = b.clone();
+            async move { b.drain(Duration::from_secs(5)).await }
+        });
+        // The drain waits until the other node serves b's slots.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!draining.is_finished());
+        let record = ring.load().await.unwrap();
+        assert_eq!(weight(&record, "b"), Some(0));
+        serve(&ring).await;
+        draining.await.unwrap().unwrap();
+        assert_eq!(ring.drained_weight("b").await.unwrap(), Some(70));
+
+        assert_eq!(b.join(&stop).await.unwrap(), Some(5));
+        assert_eq!(weight(&ring.load().await.unwrap(), "b"), Some(70));
+        assert_eq!(ring.drained_weight("b").await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_waits_for_the_one_under_way_and_a_canary_at_0_stays_there() {
+        let ring = Arc::new(MemoryRingStore::default());
+        let stop = CancellationToken::new();
+        presence(&ring, "a", 100).join(&stop).await.unwrap();
+        // Epoch 1 not served yet: b waits its turn.
+        let b = presence(&ring, "b", 100);
+        let joining = tokio::spawn(async move { b.join(&CancellationToken::new()).await });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!joining.is_finished());
+        assert_eq!(ring.load().await.unwrap().ring.epoch(), 1);
+        serve(&ring).await;
+        assert_eq!(joining.await.unwrap().unwrap(), Some(2));
+        serve(&ring).await;
+
+        let canary = presence(&ring, "canary", 0);
+        assert_eq!(canary.join(&stop).await.unwrap(), Some(3));
+        serve(&ring).await;
+        assert_eq!(canary.join(&stop).await.unwrap(), None, "at 0 by choice");
+        canary.drain(Duration::from_secs(1)).await.unwrap();
+        assert_eq!(
+            ring.load().await.unwrap().ring.epoch(),
+            3,
+            "nothing to drain"
+        );
+
+        // A drain that cannot get its turn in time gives up.
+        admin::change(
+            &*ring,
+            RingChange::SetWeight {
+                node: "canary".into(),
+                weight: 10,
+            },
+        )
+        .await
+        .unwrap();
+        let refused = presence(&ring, "a", 100)
+            .drain(Duration::from_secs(2))
+            .await;
+        assert!(
+            matches!(refused, Err(AdminError::HandoffUnderWay { .. })),
+            "{refused:?}"
+        );
+    }
+}
