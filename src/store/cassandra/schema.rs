@@ -121,13 +121,16 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 7);
+        assert_eq!(all.len(), 8);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
         assert!(all[3..5].iter().all(|s| s.contains(" ADD IF NOT EXISTS ")));
         assert!(all[5].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring ("));
         assert!(all[6].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_progress ("));
+        assert!(all[7].starts_with(
+            "ALTER TABLE ${keyspace}.ring_progress ADD IF NOT EXISTS drained_weight"
+        ));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 
