@@ -67,6 +67,8 @@ pub struct CacheConfig {
     pub deletion_window: Duration,
     /// Lowerings remembered at once, over all shards.
     pub deletion_capacity: usize,
+    /// Users in one chunk of a handoff (see [`handoff`]).
+    pub handoff_chunk: usize,
 }
 
 impl From<&Config> for CacheConfig {
@@ -79,6 +81,7 @@ impl From<&Config> for CacheConfig {
             write_concurrency: config.write_concurrency,
             deletion_window: config.deletion_dedup_window,
             deletion_capacity: config.deletion_dedup_capacity,
+            handoff_chunk: handoff::CHUNK_USERS,
         }
     }
 }

@@ -3,9 +3,10 @@
 //! Three nodes share one store (which fails and slows down at random) and a
 //! ring kept in memory; nodes ask each other to release slots through
 //! in-process peers that fail and stall at random too, and hand users over
-//! through them, cut, duplicated, late or unanswered. Clients route each
-//! operation to the owner in the ring as stored (a gateway with a fresh
-//! table), and retry a refusal a few times. Meanwhile an operator changes
+//! through them, slowly, cut, duplicated, late or unanswered. Clients route
+//! each operation to the owner in the ring as stored (a gateway with a fresh
+//! table), which passes it to the previous owner while it acquires the slot
+//! (as nodes forward), and retry a refusal a few times. Meanwhile an operator changes
 //! the ring over and over: a canary joins at weight 0, ramps to 1% and to
 //! half, goes back to 0; a node drains and returns; slots move back and
 //! forth.
@@ -102,7 +103,9 @@ impl Peers for SimPeers {
     }
 
     /// A handoff fails before anything arrives, is cut at a random part,
-    /// arrives but its answer is lost, arrives twice, or late.
+    /// arrives but its answer is lost, arrives twice, or late; otherwise
+    /// its parts arrive as they are sent (the receiver holds the copy
+    /// ahead while the sender still serves the users).
     async fn hand_over(
         &self,
         address: &str,
@@ -115,31 +118,54 @@ impl Peers for SimPeers {
         }
         let member = self.members.lock().unwrap().get(address).cloned();
         let member = member.ok_or("no such node")?;
-        let mut parts: Vec<Part> = parts.collect().await;
-        let deliver = |parts: Vec<Part>| {
-            let parts = futures::stream::iter(parts.into_iter().map(Ok)).boxed();
-            member.receive(handoff.clone(), parts)
-        };
+        // A slow link: each part takes up to 400 ms, so the users change
+        // while the copy ahead is under way.
+        let pace = self
+            .rng
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map_or(0, |r| r.u64(..400));
+        let parts = parts
+            .then(move |part| async move {
+                tokio::time::sleep(Duration::from_millis(pace)).await;
+                part
+            })
+            .boxed();
         if roll < 0.2 {
-            let cut = self
-                .rng
-                .lock()
-                .unwrap()
-                .as_mut()
-                .unwrap()
-                .usize(..parts.len());
-            parts.truncate(cut);
-            let received = deliver(parts).await;
-            assert!(received.is_err(), "a cut handoff was taken: {received:?}");
-            return Err("cut".into());
+            // Cut after a few parts; a handoff with fewer arrives whole.
+            let cut = self.rng.lock().unwrap().as_mut().unwrap().usize(..6);
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let seen = done.clone();
+            let parts = parts
+                .take(cut)
+                .inspect(move |part| {
+                    if matches!(part, Part::Done { .. }) {
+                        seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                })
+                .map(Ok)
+                .boxed();
+            let received = member.receive(handoff, parts).await;
+            assert!(
+                received.is_err() || done.load(std::sync::atomic::Ordering::Relaxed),
+                "a cut handoff was taken: {received:?}"
+            );
+            return received.map_err(|e| e.to_string());
         }
         if roll < 0.3 {
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
-        if roll < 0.35 {
-            let _ = deliver(parts.clone()).await;
-        }
-        let received = deliver(parts).await.map_err(|e| e.to_string());
+        let received = if roll < 0.35 {
+            let parts: Vec<Part> = parts.collect().await;
+            let again = futures::stream::iter(parts.clone().into_iter().map(Ok)).boxed();
+            let _ = member.receive(handoff.clone(), again).await;
+            let parts = futures::stream::iter(parts.into_iter().map(Ok)).boxed();
+            member.receive(handoff, parts).await
+        } else {
+            member.receive(handoff, parts.map(Ok).boxed()).await
+        };
+        let received = received.map_err(|e| e.to_string());
         if (0.35..0.45).contains(&roll) {
             return Err("the answer was lost".into());
         }
@@ -184,6 +210,8 @@ async fn simulate(seed: u64) -> (usize, usize) {
                 write_delay: Duration::from_millis(200 + rng.u64(..2_000)),
                 max_evicted_unwritten: 10_000,
                 write_concurrency: 4,
+                // Handoffs of many parts: the copy ahead takes a while.
+                handoff_chunk: 1,
                 ..CacheConfig::default()
             },
             store.clone() as Arc<dyn Store>,
@@ -454,7 +482,22 @@ where
         pending.clear();
         for (owner, part) in parts {
             let index = NODES.iter().position(|&n| n == owner).unwrap();
-            match apply(nodes[index].cache.clone(), &part).await {
+            let mut result = apply(nodes[index].cache.clone(), &part).await;
+            // An owner acquiring the slot forwards to the previous owner,
+            // which serves it until it stops (as `grpc::route` does).
+            if let Err(Error::NotServed {
+                state: SlotState::Acquiring,
+                ..
+            }) = result
+                && let Some(previous) = record.previous.owner_of(part[0])
+                && part
+                    .iter()
+                    .all(|&u| record.previous.owner_of(u) == Some(previous))
+            {
+                let index = NODES.iter().position(|&n| n == previous.id).unwrap();
+                result = apply(nodes[index].cache.clone(), &part).await;
+            }
+            match result {
                 Ok(()) => applied.extend(part),
                 Err(Error::NotServed { .. } | Error::LoadFailed { .. }) => pending.extend(part),
                 Err(e) => panic!("unexpected {e}"),

@@ -2,9 +2,11 @@
 //! from memory, unwritten changes and all, instead of being written to the
 //! store and loaded again cold (see [`crate::cluster::member`]).
 //!
-//! The sender exports the users of slots it no longer serves (nothing
-//! changes them any more), chunk by chunk, so neither end holds more than a
-//! chunk beyond its cache. The receiver installs each user with the time its
+//! The sender exports the users of the slots it hands over chunk by chunk,
+//! so neither end holds more than a chunk beyond its cache: first while it
+//! still serves them (a copy ahead), then, once it has stopped and nothing
+//! changes them any more, those that changed since and those it no longer
+//! holds (`Gone`). The receiver installs each user with the time its
 //! unwritten changes were due to be written, and takes over their writing.
 //! Only once the receiver has them all does the sender let go of them
 //! without writing; if anything fails, the sender writes them as a release
@@ -20,8 +22,8 @@ use super::Cache;
 use crate::read_state::UserReadStates;
 use crate::recent_deletions::Deletion;
 
-/// Users sent in one chunk: a few hundred kilobytes of read states at most
-/// for typical users.
+/// Users sent in one chunk by default (`CacheConfig::handoff_chunk`): a few
+/// hundred kilobytes of read states at most for typical users.
 pub const CHUNK_USERS: usize = 256;
 
 /// A user as its previous owner held it.
@@ -46,6 +48,9 @@ pub struct HandedDeletion {
 pub enum Chunk {
     Users(Vec<HandedUser>),
     Deletions(Vec<HandedDeletion>),
+    /// Users sent earlier that the sender no longer holds (written and
+    /// evicted since): what was sent of them is stale.
+    Gone(Vec<u64>),
 }
 
 impl Cache {
@@ -57,14 +62,27 @@ impl Cache {
         self.users_leaving(&leaving)
     }
 
+    /// The users `leaving` names, by shard, as they are now (changes may
+    /// still be under way: for a copy ahead).
+    pub fn users_of(&self, leaving: impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
+        self.users_leaving(&leaving)
+    }
+
     /// `users` (by shard, see [`Cache::settled_users`]) as chunks, read from
-    /// the shards as the stream is polled; then each shard's deletions.
-    pub fn export(self: &Arc<Self>, users: Vec<Vec<u64>>) -> impl Stream<Item = Chunk> + use<> {
+    /// the shards as the stream is polled; with `deletions`, then each
+    /// shard's deletion memory of them.
+    pub fn export(
+        self: &Arc<Self>,
+        users: Vec<Vec<u64>>,
+        deletions: bool,
+    ) -> impl Stream<Item = Chunk> + use<> {
         let cache = self.clone();
-        let parts = users.into_iter().enumerate().flat_map(|(index, ids)| {
-            let chunks: Vec<Vec<u64>> = ids.chunks(CHUNK_USERS).map(<[u64]>::to_vec).collect();
+        let chunk = self.config.handoff_chunk.max(1);
+        let parts = users.into_iter().enumerate().flat_map(move |(index, ids)| {
+            let chunks: Vec<Vec<u64>> = ids.chunks(chunk).map(<[u64]>::to_vec).collect();
             let users = chunks.into_iter().map(move |ids| (index, Part::Users(ids)));
-            users.chain(std::iter::once((index, Part::Deletions(ids))))
+            let deletions = deletions.then_some((index, Part::Deletions(ids)));
+            users.chain(deletions)
         });
         futures::stream::iter(parts).filter_map(move |(index, part)| {
             let chunk = cache.with_shard(index, |shard| match part {
@@ -77,6 +95,7 @@ impl Cache {
             let empty = match &chunk {
                 Chunk::Users(users) => users.is_empty(),
                 Chunk::Deletions(deletions) => deletions.is_empty(),
+                Chunk::Gone(ids) => ids.is_empty(),
             };
             std::future::ready((!empty).then_some(chunk))
         })
@@ -100,6 +119,14 @@ impl Cache {
                 for handed in deletions {
                     self.with_shard(self.shard_of(handed.user_id), |shard| {
                         shard.install_deletion(handed);
+                    });
+                }
+                0
+            }
+            Chunk::Gone(ids) => {
+                for user_id in ids {
+                    self.with_shard(self.shard_of(user_id), |shard| {
+                        shard.hand_off(&[user_id]);
                     });
                 }
                 0

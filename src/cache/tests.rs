@@ -521,7 +521,7 @@ mod release {
         sender.ownership().set(slot, SlotState::Releasing);
         receiver.ownership().set(slot, SlotState::Acquiring);
         let users = sender.settled_users(|id| slot_of(id) == slot).await;
-        let chunks: Vec<handoff::Chunk> = sender.export(users.clone()).collect().await;
+        let chunks: Vec<handoff::Chunk> = sender.export(users.clone(), true).collect().await;
         assert_eq!(chunks.len(), 2, "the user, then its deletions: {chunks:?}");
         let installed: usize = chunks.into_iter().map(|c| receiver.install(c)).sum();
         assert_eq!(installed, 1);

@@ -4,11 +4,7 @@
 //! exported and installed, is [`crate::cache::handoff`]; who hands what to
 //! whom is [`super::member`].
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
 use readstates_routing::Slot;
 use tokio::time::Duration;
 
@@ -39,24 +35,6 @@ pub enum Part {
 /// The parts as a receiver reads them: `Err` when the transfer broke.
 pub type Parts = BoxStream<'static, Result<Part, String>>;
 
-/// `chunks`, then `Done` with the users they held.
-pub fn parts(chunks: impl Stream<Item = Chunk> + Send + 'static) -> BoxStream<'static, Part> {
-    let sent = Arc::new(AtomicUsize::new(0));
-    let counted = sent.clone();
-    let chunks = chunks.map(move |chunk| {
-        if let Chunk::Users(users) = &chunk {
-            counted.fetch_add(users.len(), Ordering::Relaxed);
-        }
-        Part::Chunk(chunk)
-    });
-    let done = futures::stream::once(async move {
-        Part::Done {
-            users: sent.load(Ordering::Relaxed),
-        }
-    });
-    chunks.chain(done).boxed()
-}
-
 /// A part as a `HandOver` message; the first one of a stream also names
 /// the handoff.
 pub fn to_request(part: Part, handoff: Option<&Handoff>) -> proto::HandOverRequest {
@@ -73,6 +51,7 @@ pub fn to_request(part: Part, handoff: Option<&Handoff>) -> proto::HandOverReque
         Part::Chunk(Chunk::Deletions(deletions)) => {
             request.deletions = deletions.iter().map(to_proto_deletion).collect();
         }
+        Part::Chunk(Chunk::Gone(ids)) => request.gone_user_ids = ids,
         Part::Done { users } => {
             request.done = true;
             request.users_sent = users as u64;
@@ -94,6 +73,9 @@ pub fn from_request(request: proto::HandOverRequest) -> Result<Vec<Part>, String
         parts.push(Part::Chunk(Chunk::Deletions(
             deletions.collect::<Result<_, _>>()?,
         )));
+    }
+    if !request.gone_user_ids.is_empty() {
+        parts.push(Part::Chunk(Chunk::Gone(request.gone_user_ids)));
     }
     if request.done {
         parts.push(Part::Done {

@@ -3,22 +3,23 @@
 //!
 //! On a new epoch the node marks the slots it gained `Acquiring` (requests
 //! for them are forwarded to their previous owners, or held here once those
-//! refuse them), and stops serving the slots it lost (`Releasing`: their
-//! requests are forwarded to the new owners, which hold them). It lets the
-//! changes already applied to the lost slots' users finish, then hands
-//! those users to their new owners from memory (`HandOver`, see
-//! [`super::handoff`]): unwritten changes, due times and deletion memory
-//! travel with them, and the new owner writes them. Only once a new owner
-//! has them all are they dropped here unwritten; if a handoff fails, they
-//! are written to the store and dropped (`Cache::release`), as a cold move.
-//! Then, and only then, does the node answer the new owners'
-//! `ReleaseSlots`. A slot is served nowhere only during that short part.
-//! The slots it gained are served once their previous owner has released
-//! them, or once an operator forced the release of a dead owner. No timeout
-//! lets it start early. When it serves every slot it owns, it reports the
-//! epoch, and `readstates ring` may make the next one.
+//! refuse them). For the slots it lost, it hands their users to their new
+//! owners from memory (`HandOver`, see [`super::handoff`]): a copy ahead
+//! while it still serves them, then it stops serving them (`Releasing`:
+//! their requests are forwarded to the new owners, which hold them), lets
+//! the changes already applied finish, and sends what changed since.
+//! Unwritten changes, due times and deletion memory travel with the users,
+//! and the new owner writes them. Only once a new owner has them all are
+//! they dropped here unwritten; if a handoff fails, they are written to the
+//! store and dropped (`Cache::release`), as a cold move. Then, and only
+//! then, does the node answer the new owners' `ReleaseSlots`. A slot is
+//! served nowhere only during that short part. The slots it gained are
+//! served once their previous owner has released them, or once an operator
+//! forced the release of a dead owner. No timeout lets it start early. When
+//! it serves every slot it owns, it reports the epoch, and `readstates
+//! ring` may make the next one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,11 +31,11 @@ use tokio_util::sync::CancellationToken;
 use futures::StreamExt;
 use metrics::counter;
 
-use super::handoff::{self, Handoff, Part, Parts};
+use super::handoff::{Handoff, Part, Parts};
 use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
-use crate::cache::handoff::Chunk;
+use crate::cache::handoff::{Chunk, HandedUser};
 use crate::error::Error;
 use crate::metrics::{HANDED_IN_USERS, MOVED_USERS};
 use crate::ownership::{Ownership, SlotState};
@@ -42,11 +43,19 @@ use crate::ownership::{Ownership, SlotState};
 /// How long a `HandOver` waits for this node to adopt its epoch.
 const RECEIVE_WAIT: Duration = Duration::from_secs(2);
 
+/// What a handed user's copy is of: its version, and how much of it the
+/// store held.
+fn versions(user: &HandedUser) -> (u64, u64) {
+    let header = user.states.view().header();
+    (header.version, header.written_version)
+}
+
 /// Whether every user of `chunk` is one `of_these` names.
 fn chunk_within(chunk: &Chunk, of_these: &impl Fn(u64) -> bool) -> bool {
     match chunk {
         Chunk::Users(users) => users.iter().all(|u| of_these(u.user_id)),
         Chunk::Deletions(deletions) => deletions.iter().all(|d| of_these(d.user_id)),
+        Chunk::Gone(ids) => ids.iter().all(|&id| of_these(id)),
     }
 }
 
@@ -211,13 +220,13 @@ impl Member {
         self.inner.ring.send_replace(record.clone());
         tracing::info!(epoch, releasing = left, "new epoch");
 
-        // Lost slots, by whom they go to: no longer served here (requests
-        // for them are forwarded to the new owners, which hold them), their
-        // users handed over, or else written; then released.
+        // Lost slots, by whom they go to: their users handed over (copied
+        // ahead while still served here, then no longer served: requests
+        // for them are forwarded to the new owners, which hold them), or
+        // else written; then released.
         let started = tokio::time::Instant::now();
         let mut losing: BTreeMap<Option<String>, Vec<Slot>> = BTreeMap::new();
         for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
-            ownership.set(slot, SlotState::Releasing);
             let to = record.ring.owner(slot).map(|n| n.id.clone());
             losing.entry(to).or_default().push(slot);
         }
@@ -246,9 +255,10 @@ impl Member {
         futures::future::join_all(acquisitions).await;
     }
 
-    /// Lets go of `slots` (no longer served here), which go `to` their new
-    /// owner: hands their users over, or, if that fails, writes what is
-    /// unwritten of them first. Returns the users let go.
+    /// Lets go of `slots`, which go `to` their new owner: hands their users
+    /// over (see [`Member::hand_over`]), or, if that fails, stops serving
+    /// them and writes what is unwritten of them first. Returns the users
+    /// let go.
     async fn release(&self, record: &RingRecord, to: Option<String>, slots: Vec<Slot>) -> usize {
         let cache = &self.inner.cache;
         let mut these = vec![false; SLOTS];
@@ -256,30 +266,17 @@ impl Member {
             these[usize::from(slot)] = true;
         }
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
-        let users = cache.settled_users(of_these).await;
-        let count: usize = users.iter().map(Vec::len).sum();
-        let node = to.as_deref().and_then(|id| record.ring.node(id));
-        if let (Some(node), true) = (node, count > 0) {
-            let handoff = Handoff {
-                epoch: record.ring.epoch(),
-                slots,
-                from: self.inner.id.clone(),
-            };
-            let parts = handoff::parts(cache.export(users.clone()));
+        if let Some(node) = to.as_deref().and_then(|id| record.ring.node(id)) {
             let started = tokio::time::Instant::now();
-            match self
-                .inner
-                .peers
-                .hand_over(&node.address, handoff, parts)
-                .await
-            {
-                Ok(installed) => {
+            match self.hand_over(record, node, &slots, &of_these).await {
+                Ok((users, sent)) => {
                     let held = cache.hand_off(&users);
                     counter!(MOVED_USERS, "how" => "handed").increment(held as u64);
                     tracing::info!(
                         epoch = record.ring.epoch(),
                         to = %node.id,
-                        users = installed,
+                        users = held,
+                        sent,
                         took_ms = started.elapsed().as_millis() as u64,
                         "handed over"
                     );
@@ -290,9 +287,85 @@ impl Member {
                 }
             }
         }
+        self.stop_serving(&slots);
         let written = cache.release(of_these).await;
         counter!(MOVED_USERS, "how" => "written").increment(written as u64);
         written
+    }
+
+    fn stop_serving(&self, slots: &[Slot]) {
+        for &slot in slots {
+            self.ownership().set(slot, SlotState::Releasing);
+        }
+    }
+
+    /// Hands the users of `slots` to `node`, in one `HandOver`: first a copy
+    /// of them while they are still served here, so that little is left
+    /// for the part during which they are served nowhere; then it stops
+    /// serving them, lets the changes already applied finish, and sends
+    /// those that changed since, those no longer held, and their deletion
+    /// memory. Returns the users held at the end, and how many were sent
+    /// in all, once `node` has them all.
+    async fn hand_over(
+        &self,
+        record: &RingRecord,
+        node: &readstates_routing::Node,
+        slots: &[Slot],
+        of_these: &(impl Fn(u64) -> bool + Sync),
+    ) -> Result<(Vec<Vec<u64>>, usize), String> {
+        let cache = &self.inner.cache;
+        let handoff = Handoff {
+            epoch: record.ring.epoch(),
+            slots: slots.to_vec(),
+            from: self.inner.id.clone(),
+        };
+        let (send, parts) = tokio::sync::mpsc::channel(2);
+        let parts = tokio_stream::wrappers::ReceiverStream::new(parts).boxed();
+        let handing = self.inner.peers.hand_over(&node.address, handoff, parts);
+        let feeding = async move {
+            // What was sent of each user: its versions.
+            let mut sent: HashMap<u64, (u64, u64)> = HashMap::new();
+            let mut count = 0;
+            let mut ahead = cache.export(cache.users_of(of_these), false);
+            while let Some(chunk) = ahead.next().await {
+                if let Chunk::Users(users) = &chunk {
+                    count += users.len();
+                    sent.extend(users.iter().map(|u| (u.user_id, versions(u))));
+                }
+                send.send(Part::Chunk(chunk)).await.map_err(|_| ())?;
+            }
+            self.stop_serving(slots);
+            let users = cache.settled_users(of_these).await;
+            let mut seen = HashSet::new();
+            let mut rest = cache.export(users.clone(), true);
+            while let Some(mut chunk) = rest.next().await {
+                if let Chunk::Users(users) = &mut chunk {
+                    seen.extend(users.iter().map(|u| u.user_id));
+                    users.retain(|u| sent.get(&u.user_id) != Some(&versions(u)));
+                    count += users.len();
+                    if users.is_empty() {
+                        continue;
+                    }
+                }
+                send.send(Part::Chunk(chunk)).await.map_err(|_| ())?;
+            }
+            let gone: Vec<u64> = sent.into_keys().filter(|id| !seen.contains(id)).collect();
+            if !gone.is_empty() {
+                send.send(Part::Chunk(Chunk::Gone(gone)))
+                    .await
+                    .map_err(|_| ())?;
+            }
+            send.send(Part::Done { users: count })
+                .await
+                .map_err(|_| ())?;
+            Ok::<_, ()>((users, count))
+        };
+        let (handed, fed) = tokio::join!(handing, feeding);
+        match (handed, fed) {
+            (Ok(_), Ok(done)) => Ok(done),
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(())) => Err("the receiver stopped taking parts".into()),
+        }
     }
 
     /// `HandOver` from the previous owner of `handoff.slots`: installs the

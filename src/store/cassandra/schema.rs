@@ -128,9 +128,11 @@ mod tests {
         assert!(all[3..5].iter().all(|s| s.contains(" ADD IF NOT EXISTS ")));
         assert!(all[5].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring ("));
         assert!(all[6].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_progress ("));
-        assert!(all[7].starts_with(
-            "ALTER TABLE ${keyspace}.ring_progress ADD IF NOT EXISTS drained_weight"
-        ));
+        assert!(
+            all[7].starts_with(
+                "ALTER TABLE ${keyspace}.ring_progress ADD IF NOT EXISTS drained_weight"
+            )
+        );
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 
