@@ -564,3 +564,139 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         );
     }
 }
+
+/// Peers whose handoffs stop after their first part until the gate opens.
+#[derive(Debug)]
+struct GatedPeers {
+    members: Mutex<HashMap<String, Member>>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+#[async_trait]
+impl Peers for GatedPeers {
+    async fn release_slots(
+        &self,
+        address: &str,
+        epoch: u64,
+        slots: &[Slot],
+        _from: &str,
+    ) -> Result<(), String> {
+        let member = self.members.lock().unwrap().get(address).cloned();
+        let member = member.ok_or("no such node")?;
+        member
+            .release_slots(epoch, slots)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn hand_over(
+        &self,
+        address: &str,
+        handoff: Handoff,
+        parts: BoxStream<'static, Part>,
+    ) -> Result<usize, String> {
+        let member = self.members.lock().unwrap().get(address).cloned();
+        let member = member.ok_or("no such node")?;
+        let gate = self.gate.clone();
+        let parts = parts
+            .enumerate()
+            .then(move |(index, part)| {
+                let gate = gate.clone();
+                async move {
+                    if index > 0 {
+                        gate.acquire().await.unwrap().forget();
+                    }
+                    Ok(part)
+                }
+            })
+            .boxed();
+        member
+            .receive(handoff, parts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The new owner of a slot serves it only once its handoff is complete: a
+/// handoff held after its first part leaves every moving slot acquiring
+/// there (its users not readable), and once it goes on, the new owner
+/// serves the users as they were, without loading them.
+#[tokio::test(start_paused = true)]
+async fn a_slot_is_served_by_its_new_owner_only_once_its_handoff_is_complete() {
+    let store = Arc::new(FaultyStore::memory());
+    let ring = Arc::new(MemoryRingStore::default());
+    let peers = Arc::new(GatedPeers {
+        members: Mutex::default(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    });
+    let stop = CancellationToken::new();
+    let mut caches = HashMap::new();
+    for id in ["a", "b"] {
+        let cache = Cache::with_ownership(
+            CacheConfig {
+                handoff_chunk: 1,
+                ..CacheConfig::default()
+            },
+            store.clone() as Arc<dyn Store>,
+            Arc::new(Ownership::member()),
+        );
+        let member = Member::new(
+            id.to_owned(),
+            ring.clone(),
+            cache.clone(),
+            peers.clone(),
+            MemberConfig {
+                ring_poll: Duration::from_millis(100),
+                retry: Duration::from_millis(50),
+            },
+        );
+        member.start(stop.clone());
+        peers.members.lock().unwrap().insert(address(id), member);
+        caches.insert(id, cache);
+    }
+    change(&ring, RingChange::Add(node("a", 100))).await;
+    admin::wait_served(&*ring, 1, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let users: Vec<u64> = (1..=40).collect();
+    caches["a"]
+        .update_many(&users, |_, user, now| {
+            user.ack(Key::channel(CHANNEL), 99, now);
+        })
+        .await
+        .unwrap();
+
+    change(&ring, RingChange::Add(node("b", 100))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let record = ring.load().await.unwrap();
+    let moving: Vec<u64> = users
+        .iter()
+        .copied()
+        .filter(|&u| record.ring.owner_of(u).is_some_and(|n| n.id == "b"))
+        .collect();
+    assert!(!moving.is_empty());
+    let b = &caches["b"];
+    for &user in &moving {
+        assert_eq!(b.ownership().state_of(user), SlotState::Acquiring);
+        let read = b.read(user, |_| ()).await;
+        assert!(matches!(read, Err(Error::NotServed { .. })), "{read:?}");
+    }
+
+    let loads = store.loads();
+    peers.gate.add_permits(10_000);
+    admin::wait_served(&*ring, 2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    for &user in &moving {
+        assert_eq!(b.ownership().state_of(user), SlotState::Serving);
+        let acked = b
+            .read(user, |s| {
+                s.get(Key::channel(CHANNEL)).map(|r| r.last_acked_id)
+            })
+            .await
+            .unwrap();
+        assert_eq!(acked, Some(99), "user {user}");
+    }
+    assert_eq!(store.loads(), loads, "served from what was handed over");
+    stop.cancel();
+}

@@ -43,6 +43,16 @@ use crate::ownership::{Ownership, SlotState};
 /// How long a `HandOver` waits for this node to adopt its epoch.
 const RECEIVE_WAIT: Duration = Duration::from_secs(2);
 
+/// What a handoff handed, for the log.
+struct Handed {
+    /// The users held at the end, by shard.
+    users: Vec<Vec<u64>>,
+    /// Users sent, counting those sent again.
+    sent: usize,
+    /// When the slots stopped being served here.
+    paused: tokio::time::Instant,
+}
+
 /// What a handed user's copy is of: its version, and how much of it the
 /// store held.
 fn versions(user: &HandedUser) -> (u64, u64) {
@@ -243,7 +253,7 @@ impl Member {
                 epoch,
                 slots = left,
                 users,
-                paused_ms = started.elapsed().as_millis() as u64,
+                took_ms = started.elapsed().as_millis() as u64,
                 "released"
             );
         }
@@ -269,15 +279,16 @@ impl Member {
         if let Some(node) = to.as_deref().and_then(|id| record.ring.node(id)) {
             let started = tokio::time::Instant::now();
             match self.hand_over(record, node, &slots, &of_these).await {
-                Ok((users, sent)) => {
-                    let held = cache.hand_off(&users);
+                Ok(handed) => {
+                    let held = cache.hand_off(&handed.users);
                     counter!(MOVED_USERS, "how" => "handed").increment(held as u64);
                     tracing::info!(
                         epoch = record.ring.epoch(),
                         to = %node.id,
                         users = held,
-                        sent,
+                        sent = handed.sent,
                         took_ms = started.elapsed().as_millis() as u64,
+                        unserved_ms = handed.paused.elapsed().as_millis() as u64,
                         "handed over"
                     );
                     return held;
@@ -304,15 +315,14 @@ impl Member {
     /// for the part during which they are served nowhere; then it stops
     /// serving them, lets the changes already applied finish, and sends
     /// those that changed since, those no longer held, and their deletion
-    /// memory. Returns the users held at the end, and how many were sent
-    /// in all, once `node` has them all.
+    /// memory. Once `node` has them all, says what was handed.
     async fn hand_over(
         &self,
         record: &RingRecord,
         node: &readstates_routing::Node,
         slots: &[Slot],
         of_these: &(impl Fn(u64) -> bool + Sync),
-    ) -> Result<(Vec<Vec<u64>>, usize), String> {
+    ) -> Result<Handed, String> {
         let cache = &self.inner.cache;
         let handoff = Handoff {
             epoch: record.ring.epoch(),
@@ -334,6 +344,7 @@ impl Member {
                 }
                 send.send(Part::Chunk(chunk)).await.map_err(|_| ())?;
             }
+            let paused = tokio::time::Instant::now();
             self.stop_serving(slots);
             let users = cache.settled_users(of_these).await;
             let mut seen = HashSet::new();
@@ -358,7 +369,11 @@ impl Member {
             send.send(Part::Done { users: count })
                 .await
                 .map_err(|_| ())?;
-            Ok::<_, ()>((users, count))
+            Ok::<_, ()>(Handed {
+                users,
+                sent: count,
+                paused,
+            })
         };
         let (handed, fed) = tokio::join!(handing, feeding);
         match (handed, fed) {
