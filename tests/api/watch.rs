@@ -583,6 +583,38 @@ async fn reader_behind_at_shutdown(behind: Behind) {
     assert!(exit.success(), "{exit:?}");
 }
 
+/// Issue 24, item 2, its other half: a reader that has stopped reading
+/// (its socket full) holds shutdown up only for the 10 s grace for
+/// requests; then the process cuts it off, writes everything and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_never_reads_is_cut_off_when_the_grace_runs_out() {
+    let (mut server, addr) = spawn_process(&[]).await;
+    let mut client = ReadStatesClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    let (connection, gate) = raw_h2::connect_gated(addr).await;
+    let mut watch = raw_h2::open(&connection, "/readstates.v1.ReadStates/Watch").await;
+    watch.send(&subscribe(1)).unwrap();
+    let _snapshot: WatchEvent = watch.next().await.unwrap();
+    gate.close();
+    for message_id in 1..=2_000 {
+        let request = message(10, message_id, 999, &[], &[1]);
+        client.message_created(request).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    terminate(&server);
+    let exit = tokio::time::timeout(Duration::from_secs(30), server.wait())
+        .await
+        .expect("it exits")
+        .unwrap();
+    let took = started.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        (Duration::from_secs(10)..Duration::from_secs(15)).contains(&took),
+        "cut off at the grace: {took:?}"
+    );
+}
+
 /// Found in review: a stream whose request task waited (here on a user's
 /// load that hangs) never saw shutdown begin, so it did not end with
 /// UNAVAILABLE but was cut off when the request grace ran out.
