@@ -2,11 +2,12 @@
 # A fleet of three readstates nodes on the real Cassandra (scripts/cassandra.sh),
 # measured side by side: every request entering at one node (grpc://, which
 # forwards and splits) against routing straight to owners (cluster://, by the
-# routing table), in alternating closed-loop runs; then an open-loop run at
-# half the routed rate while the ring moves slots twice, for the longest
-# pause a moving slot saw and how long each ring change took to be served.
-# The nodes keep the default 30 s write delay, so a move first writes what
-# the last 30 s changed in the moving slots.
+# routing table), in alternating closed-loop runs; then open-loop runs at a
+# quarter of the routed rate while the ring moves slots twice (routed to
+# owners, then entering at one node), for errors, latency, how long moving
+# slots were served nowhere, store loads, the cache hit ratio and how long
+# each ring change took to be served. The nodes keep the default 30 s write
+# delay: moved users carry the last 30 s of changes unwritten.
 #
 #   loadtest/cluster.sh                    3 pairs of 10 s runs
 #   PAIRS=5 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml loadtest/cluster.sh
@@ -98,35 +99,72 @@ for pair in $(seq 1 "$PAIRS"); do
     rates+=("$o_rate")
 done
 
+# counters: the three nodes' store loads, cache hits and misses, summed.
+counters() {
+    for n in 1 2 3; do
+        curl -s "127.0.0.1:920$n/metrics"
+    done | awk '
+        /^readstates_store_operations_total\{.*operation="load"/ { loads += $NF }
+        /^readstates_cache_hits_total/ { hits += $NF }
+        /^readstates_cache_misses_total/ { misses += $NF }
+        END { print loads + 0, hits + 0, misses + 0 }'
+}
+
 # Slots moving under open-loop load at a quarter of the routed rate, after
-# the pairs' writes: what a move writes is the last write delay's changes.
-drain
+# the pairs' writes: moved twice (n3 to 300, back to 100) while the load is
+# routed to owners by the routing client (cluster://), then twice again
+# while it all enters at n1 (grpc://, forwarded and split there).
 rate=$(IFS=,; python3 -c "import statistics; print(int(statistics.median([${rates[*]}]) / 4))")
-(
-    sleep 4
-    "$RS" ring "${common[@]}" set-weight n3 300 --wait 60s
-    sleep 4
-    "$RS" ring "${common[@]}" set-weight n3 100 --wait 60s
-) >"$OUT/ring.out" 2>&1 &
-mover=$!
-measure moving "cluster://127.0.0.1:50201" 20s --rate "$rate" --skip-preload >/dev/null
-wait "$mover"
-python3 - "$OUT/moving.json" "$OUT" <<'PY'
-import glob, json, sys
+for route in cluster grpc; do
+    drain
+    : >"$OUT/ring.out"
+    marks=$(for n in 1 2 3; do wc -l <"$OUT/n$n.log"; done | paste -sd,)
+    read -r loads0 hits0 misses0 < <(counters)
+    (
+        sleep 4
+        "$RS" ring "${common[@]}" set-weight n3 300 --wait 60s
+        sleep 4
+        "$RS" ring "${common[@]}" set-weight n3 100 --wait 60s
+    ) >"$OUT/ring.out" 2>&1 &
+    mover=$!
+    measure "moving-$route" "$route://127.0.0.1:50201" 20s --rate "$rate" --skip-preload >/dev/null
+    wait "$mover"
+    read -r loads1 hits1 misses1 < <(counters)
+    python3 - "$OUT/moving-$route.json" "$OUT" "$route" "$marks" \
+        "$loads0 $hits0 $misses0 $loads1 $hits1 $misses1" <<'PY'
+import json, sys
 report = json.load(open(sys.argv[1]))
-waited = []
-for path in glob.glob(f"{sys.argv[2]}/n*.log"):
-    for line in open(path):
+out, route = sys.argv[2], sys.argv[3]
+marks = [int(m) for m in sys.argv[4].split(",")]
+loads0, hits0, misses0, loads1, hits1, misses1 = map(float, sys.argv[5].split())
+waited, unserved, users, sent, written = [], [], 0, 0, 0
+for n, mark in zip((1, 2, 3), marks):
+    for line in open(f"{out}/n{n}.log").readlines()[mark:]:
         try:
             event = json.loads(line)
         except ValueError:
             continue
         if event.get("message") == "acquired":
             waited.append(int(event["waited_ms"]))
-print(f"moving slots at {report['target_rate']}/s for {report['seconds']:.0f} s: {report['throughput']:.0f} ok/s, "
-      f"{report['errors']} errors, p99.9 {report['latency']['p999_us'] / 1000:.1f} ms, "
+        if event.get("message") == "handed over":
+            unserved.append(int(event["unserved_ms"]))
+            users += int(event["users"])
+            sent += int(event["sent"])
+        if event.get("message") == "handoff failed; writing the users instead":
+            written += 1
+entry = "routed to owners" if route == "cluster" else "entering at one node"
+print(f"moving slots at {report['target_rate']}/s for {report['seconds']:.0f} s: "
+      f"{report['throughput']:.0f} ok/s, {report['errors']} errors, "
+      f"p99.9 {report['latency']['p999_us'] / 1000:.1f} ms, "
       f"max {report['latency']['max_us'] / 1000:.1f} ms, worst one-second p99.9 "
-      f"{report['worst_second_p999_us'] / 1000:.1f} ms")
+      f"{report['worst_second_p999_us'] / 1000:.1f} ms ({entry})")
 print(f"longest wait of a new owner for a release: {max(waited, default=0)} ms over {len(waited)} acquisitions")
+print(f"handed over warm: {users} users ({sent} sent, counting those sent again after the copy "
+      f"ahead), {written} handoffs failed; slots served nowhere for at most "
+      f"{max(unserved, default=0)} ms")
+ratio = lambda h, m: 100 * h / max(h + m, 1)
+print(f"store loads during the run: {loads1 - loads0:.0f}; cache hit ratio "
+      f"{ratio(hits0, misses0):.1f}% before it, {ratio(hits1 - hits0, misses1 - misses0):.1f}% during it")
 PY
-grep "served by its owner" "$OUT/ring.out" | sed 's/^/ring change: /'
+    grep "served by its owner" "$OUT/ring.out" | sed 's/^/ring change: /'
+done
