@@ -103,6 +103,9 @@ struct Inner {
     ring: watch::Sender<Arc<RingRecord>>,
     /// The newest epoch whose releases are done: `ReleaseSlots` waits on it.
     released: watch::Sender<u64>,
+    /// Bumped each time slots are let go within an epoch's releases, so
+    /// that `ReleaseSlots` for them answers without waiting for the rest.
+    let_go: watch::Sender<u64>,
     /// Wakes the follower for an early look at the ring.
     poke: Notify,
 }
@@ -124,6 +127,7 @@ impl Member {
                 config,
                 ring: watch::Sender::new(Arc::new(RingRecord::empty())),
                 released: watch::Sender::new(0),
+                let_go: watch::Sender::new(0),
                 poke: Notify::new(),
             }),
         }
@@ -240,13 +244,17 @@ impl Member {
             let to = record.ring.owner(slot).map(|n| n.id.clone());
             losing.entry(to).or_default().push(slot);
         }
-        let releases = losing
-            .into_iter()
-            .map(|(to, slots)| self.release(&record, to, slots));
+        let current = &*record;
+        let releases = losing.into_iter().map(|(to, slots)| async move {
+            let users = self.release(current, to, &slots).await;
+            // Let go: their new owner need not wait for the other groups.
+            for &slot in &slots {
+                ownership.set(slot, SlotState::NotOwner);
+            }
+            self.inner.let_go.send_modify(|n| *n += 1);
+            users
+        });
         let users: usize = futures::future::join_all(releases).await.into_iter().sum();
-        for slot in (0..SLOTS as Slot).filter(|&s| leaving[usize::from(s)]) {
-            ownership.set(slot, SlotState::NotOwner);
-        }
         self.inner.released.send_replace(epoch);
         if left > 0 {
             tracing::info!(
@@ -269,16 +277,16 @@ impl Member {
     /// over (see [`Member::hand_over`]), or, if that fails, stops serving
     /// them and writes what is unwritten of them first. Returns the users
     /// let go.
-    async fn release(&self, record: &RingRecord, to: Option<String>, slots: Vec<Slot>) -> usize {
+    async fn release(&self, record: &RingRecord, to: Option<String>, slots: &[Slot]) -> usize {
         let cache = &self.inner.cache;
         let mut these = vec![false; SLOTS];
-        for &slot in &slots {
+        for &slot in slots {
             these[usize::from(slot)] = true;
         }
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
         if let Some(node) = to.as_deref().and_then(|id| record.ring.node(id)) {
             let started = tokio::time::Instant::now();
-            match self.hand_over(record, node, &slots, &of_these).await {
+            match self.hand_over(record, node, slots, &of_these).await {
                 Ok(handed) => {
                     let held = cache.hand_off(&handed.users);
                     counter!(MOVED_USERS, "how" => "handed").increment(held as u64);
@@ -298,7 +306,7 @@ impl Member {
                 }
             }
         }
-        self.stop_serving(&slots);
+        self.stop_serving(slots);
         let written = cache.release(of_these).await;
         counter!(MOVED_USERS, "how" => "written").increment(written as u64);
         written
@@ -504,13 +512,30 @@ impl Member {
     }
 
     /// `ReleaseSlots` from the new owner of `slots` in `epoch`: answers once
-    /// this node has adopted that epoch and let go of them.
+    /// this node has adopted that epoch and let go of them (or of all it
+    /// lost in it).
     pub async fn release_slots(&self, epoch: u64, slots: &[Slot]) -> Result<(), Error> {
         let mut released = self.inner.released.subscribe();
+        let mut let_go = self.inner.let_go.subscribe();
         if *released.borrow() < epoch {
             self.inner.poke.notify_one();
-            // Never closed: the sender lives in `self`.
-            let _ = released.wait_for(|&e| e >= epoch).await;
+        }
+        loop {
+            if *released.borrow_and_update() >= epoch {
+                break;
+            }
+            let_go.borrow_and_update();
+            let all_let_go = slots
+                .iter()
+                .all(|&slot| self.ownership().state(slot) == SlotState::NotOwner);
+            if self.ring().ring.epoch() == epoch && all_let_go {
+                return Ok(());
+            }
+            // Never closed: the senders live in `self`.
+            tokio::select! {
+                _ = released.changed() => {}
+                _ = let_go.changed() => {}
+            }
         }
         let adopted = self.ring().ring.epoch();
         for &slot in slots {

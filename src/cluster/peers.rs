@@ -73,17 +73,22 @@ impl GrpcPeers {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
+        let channel = self.connect(address)?;
+        channels.insert(address.to_owned(), channel.clone());
+        Ok(channel)
+    }
+
+    /// A channel to `address` of its own (connecting lazily).
+    fn connect(&self, address: &str) -> Result<Channel, String> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
-        let channel = match &self.tls {
+        Ok(match &self.tls {
             Some(tls) => connector::connect_lazy(&endpoint, tls.clone()),
             None => endpoint.connect_lazy(),
-        };
-        channels.insert(address.to_owned(), channel.clone());
-        Ok(channel)
+        })
     }
 }
 
@@ -116,7 +121,9 @@ impl Peers for GrpcPeers {
         handoff: Handoff,
         parts: BoxStream<'static, Part>,
     ) -> Result<usize, String> {
-        let channel = self.channel(address)?;
+        // A connection of its own: on the shared one, the requests this node
+        // forwards to that node would queue behind the handoff's data.
+        let channel = self.connect(address)?;
         // Fed from a task: a channel's stream is what tonic's streaming
         // client is known to accept from inside a `Send` future.
         let (send, requests) = tokio::sync::mpsc::channel(2);
