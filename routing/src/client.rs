@@ -4,10 +4,10 @@
 //! its trailers (`x-readstates-epoch`) means "your table is old", so it
 //! reads the table again and retries there at once; any other
 //! `UNAVAILABLE` (a slot being moved, a node restarting or draining), and a
-//! `CANCELLED` connection that went away under the request, is retried
-//! after a short backoff, the table read again, until the retry budget
-//! ([`FleetClient::with_retry_budget`]) runs out. Every request of the
-//! readstates API is safe to send again (a redelivery counts nothing).
+//! request the transport cancelled before sending it (its connection went
+//! away), is retried after a short backoff, the table read again, until the
+//! retry budget ([`FleetClient::with_retry_budget`]) runs out. Neither was
+//! applied.
 //!
 //! Channels are plaintext unless made by the caller
 //! ([`FleetClient::connect_with`]: TLS, say).
@@ -189,11 +189,7 @@ impl FleetClient {
         loop {
             let status = match send(self.for_user(user_id)).await {
                 Ok(answer) => return Ok(answer),
-                // CANCELLED: the connection went away under the request
-                // (a node shutting down), which resending is safe for too.
-                Err(status) if matches!(status.code(), Code::Unavailable | Code::Cancelled) => {
-                    status
-                }
+                Err(status) if status.code() == Code::Unavailable || is_cut(&status) => status,
                 Err(status) => return Err(status),
             };
             if tokio::time::Instant::now() >= deadline {
@@ -239,6 +235,15 @@ impl FleetClient {
         channels.insert(node.address.clone(), channel.clone());
         channel
     }
+}
+
+/// CANCELLED made by this client's transport, not sent by a node (which
+/// would carry its headers): the connection went away before the request
+/// was sent (a node shutting down), so nothing was applied. A node's own
+/// CANCELLED (its deadline passed) may come after the change was applied,
+/// and is not retried.
+fn is_cut(status: &Status) -> bool {
+    status.code() == Code::Cancelled && status.metadata().is_empty()
 }
 
 fn endpoint(address: &str) -> Result<Endpoint, Status> {

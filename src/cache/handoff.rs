@@ -12,7 +12,6 @@
 //! without writing; if anything fails, the sender writes them as a release
 //! does, and the receiver drops what it installed.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
@@ -69,36 +68,34 @@ impl Cache {
     }
 
     /// `users` (by shard, see [`Cache::settled_users`]) as chunks, read from
-    /// the shards as the stream is polled; with `deletions`, then each
-    /// shard's deletion memory of them.
-    pub fn export(
-        self: &Arc<Self>,
-        users: Vec<Vec<u64>>,
-        deletions: bool,
-    ) -> impl Stream<Item = Chunk> + use<> {
+    /// the shards as the stream is polled.
+    pub fn export(self: &Arc<Self>, users: Vec<Vec<u64>>) -> impl Stream<Item = Chunk> + use<> {
         let cache = self.clone();
         let chunk = self.config.handoff_chunk.max(1);
         let parts = users.into_iter().enumerate().flat_map(move |(index, ids)| {
             let chunks: Vec<Vec<u64>> = ids.chunks(chunk).map(<[u64]>::to_vec).collect();
-            let users = chunks.into_iter().map(move |ids| (index, Part::Users(ids)));
-            let deletions = deletions.then_some((index, Part::Deletions(ids)));
-            users.chain(deletions)
+            chunks.into_iter().map(move |ids| (index, ids))
         });
-        futures::stream::iter(parts).filter_map(move |(index, part)| {
-            let chunk = cache.with_shard(index, |shard| match part {
-                Part::Users(ids) => Chunk::Users(shard.export(&ids)),
-                Part::Deletions(ids) => {
-                    let ids: HashSet<u64> = ids.into_iter().collect();
-                    Chunk::Deletions(shard.export_deletions(&ids))
-                }
-            });
-            let empty = match &chunk {
-                Chunk::Users(users) => users.is_empty(),
-                Chunk::Deletions(deletions) => deletions.is_empty(),
-                Chunk::Gone(ids) => ids.is_empty(),
-            };
-            std::future::ready((!empty).then_some(chunk))
+        futures::stream::iter(parts).filter_map(move |(index, ids)| {
+            let users = cache.with_shard(index, |shard| shard.export(&ids));
+            std::future::ready((!users.is_empty()).then_some(Chunk::Users(users)))
         })
+    }
+
+    /// What the users `leaving` names were lowered for, cached or not (the
+    /// memory outlives their eviction), in chunks.
+    pub fn export_deletions(&self, leaving: impl Fn(u64) -> bool) -> Vec<Chunk> {
+        let chunk = self.config.handoff_chunk.max(1) * 16;
+        (0..self.shard_count())
+            .flat_map(|index| {
+                let deletions = self.with_shard(index, |shard| shard.export_deletions(&leaving));
+                let chunks: Vec<Chunk> = deletions
+                    .chunks(chunk)
+                    .map(|part| Chunk::Deletions(part.to_vec()))
+                    .collect();
+                chunks
+            })
+            .collect()
     }
 
     /// Installs a chunk handed over by the previous owner of its users'
@@ -151,9 +148,4 @@ impl Cache {
     pub fn discard(&self, leaving: impl Fn(u64) -> bool) -> usize {
         self.hand_off(&self.users_leaving(&leaving))
     }
-}
-
-enum Part {
-    Users(Vec<u64>),
-    Deletions(Vec<u64>),
 }

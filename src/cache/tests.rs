@@ -521,7 +521,8 @@ mod release {
         sender.ownership().set(slot, SlotState::Releasing);
         receiver.ownership().set(slot, SlotState::Acquiring);
         let users = sender.settled_users(|id| slot_of(id) == slot).await;
-        let chunks: Vec<handoff::Chunk> = sender.export(users.clone(), true).collect().await;
+        let mut chunks: Vec<handoff::Chunk> = sender.export(users.clone()).collect().await;
+        chunks.extend(sender.export_deletions(|id| slot_of(id) == slot));
         assert_eq!(chunks.len(), 2, "the user, then its deletions: {chunks:?}");
         let installed: usize = chunks.into_iter().map(|c| receiver.install(c)).sum();
         assert_eq!(installed, 1);

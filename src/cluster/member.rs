@@ -42,6 +42,48 @@ use crate::ownership::{Ownership, SlotState};
 
 /// How long a `HandOver` waits for this node to adopt its epoch.
 const RECEIVE_WAIT: Duration = Duration::from_secs(2);
+/// How long a handoff may go without its receiver taking a part, or
+/// answering once it has them all.
+const HAND_OVER_IDLE: Duration = Duration::from_secs(10);
+
+/// Drops what a handoff installed, unless disarmed once it completed, if
+/// the slots are still being acquired from its sender (which, never told
+/// the handoff arrived, writes the users itself).
+struct Undo<'a> {
+    member: &'a Member,
+    handoff: &'a Handoff,
+    /// The handoff's slots, by slot.
+    these: &'a [bool],
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if self.armed && self.member.receiving(self.handoff).is_ok() {
+            let these = self.these;
+            let dropped = self
+                .member
+                .inner
+                .cache
+                .discard(|user_id| these[usize::from(slot_of(user_id))]);
+            tracing::warn!(from = %self.handoff.from, users = dropped, "handoff not completed; what it brought is dropped");
+        }
+    }
+}
+
+/// The sending end of a handoff's parts, telling each one taken.
+struct Sent<'a> {
+    send: tokio::sync::mpsc::Sender<Part>,
+    progress: &'a watch::Sender<()>,
+}
+
+impl Sent<'_> {
+    async fn send(&self, part: Part) -> Result<(), ()> {
+        self.send.send(part).await.map_err(|_| ())?;
+        self.progress.send_replace(());
+        Ok(())
+    }
+}
 
 /// What a handoff handed, for the log.
 struct Handed {
@@ -51,6 +93,15 @@ struct Handed {
     sent: usize,
     /// When the slots stopped being served here.
     paused: tokio::time::Instant,
+}
+
+/// `slots` as a set: whether each slot is one of them.
+fn slot_set(slots: &[Slot]) -> Vec<bool> {
+    let mut set = vec![false; SLOTS];
+    for &slot in slots {
+        set[usize::from(slot)] = true;
+    }
+    set
 }
 
 /// What a handed user's copy is of: its version, and how much of it the
@@ -279,10 +330,7 @@ impl Member {
     /// let go.
     async fn release(&self, record: &RingRecord, to: Option<String>, slots: &[Slot]) -> usize {
         let cache = &self.inner.cache;
-        let mut these = vec![false; SLOTS];
-        for &slot in slots {
-            these[usize::from(slot)] = true;
-        }
+        let these = slot_set(slots);
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
         if let Some(node) = to.as_deref().and_then(|id| record.ring.node(id)) {
             let started = tokio::time::Instant::now();
@@ -337,26 +385,29 @@ impl Member {
             slots: slots.to_vec(),
             from: self.inner.id.clone(),
         };
+        let progress = watch::Sender::new(());
         let (send, parts) = tokio::sync::mpsc::channel(2);
         let parts = tokio_stream::wrappers::ReceiverStream::new(parts).boxed();
         let handing = self.inner.peers.hand_over(&node.address, handoff, parts);
+        let progress = &progress;
+        let send = Sent { send, progress };
         let feeding = async move {
             // What was sent of each user: its versions.
             let mut sent: HashMap<u64, (u64, u64)> = HashMap::new();
             let mut count = 0;
-            let mut ahead = cache.export(cache.users_of(of_these), false);
+            let mut ahead = cache.export(cache.users_of(of_these));
             while let Some(chunk) = ahead.next().await {
                 if let Chunk::Users(users) = &chunk {
                     count += users.len();
                     sent.extend(users.iter().map(|u| (u.user_id, versions(u))));
                 }
-                send.send(Part::Chunk(chunk)).await.map_err(|_| ())?;
+                send.send(Part::Chunk(chunk)).await?;
             }
             let paused = tokio::time::Instant::now();
             self.stop_serving(slots);
             let users = cache.settled_users(of_these).await;
             let mut seen = HashSet::new();
-            let mut rest = cache.export(users.clone(), true);
+            let mut rest = cache.export(users.clone());
             while let Some(mut chunk) = rest.next().await {
                 if let Chunk::Users(users) = &mut chunk {
                     seen.extend(users.iter().map(|u| u.user_id));
@@ -366,7 +417,7 @@ impl Member {
                         continue;
                     }
                 }
-                send.send(Part::Chunk(chunk)).await.map_err(|_| ())?;
+                send.send(Part::Chunk(chunk)).await?;
             }
             let gone: Vec<u64> = sent.into_keys().filter(|id| !seen.contains(id)).collect();
             if !gone.is_empty() {
@@ -374,20 +425,33 @@ impl Member {
                     .await
                     .map_err(|_| ())?;
             }
-            send.send(Part::Done { users: count })
-                .await
-                .map_err(|_| ())?;
+            // By slot, not by user held: the memory outlives eviction.
+            for chunk in cache.export_deletions(of_these) {
+                send.send(Part::Chunk(chunk)).await?;
+            }
+            send.send(Part::Done { users: count }).await?;
             Ok::<_, ()>(Handed {
                 users,
                 sent: count,
                 paused,
             })
         };
-        let (handed, fed) = tokio::join!(handing, feeding);
-        match (handed, fed) {
-            (Ok(_), Ok(done)) => Ok(done),
-            (Err(e), _) => Err(e),
-            (Ok(_), Err(())) => Err("the receiver stopped taking parts".into()),
+        // No deadline for the whole handoff (a large one takes a while,
+        // mostly while the users are still served), but one for each step:
+        // a receiver that takes no part, or does not answer, for
+        // HAND_OVER_IDLE fails it (dropping the call, which drops what the
+        // receiver installed).
+        let stalled = async {
+            let mut progress = progress.subscribe();
+            while let Ok(Ok(())) = tokio::time::timeout(HAND_OVER_IDLE, progress.changed()).await {}
+        };
+        tokio::select! {
+            (handed, fed) = async { tokio::join!(handing, feeding) } => match (handed, fed) {
+                (Ok(_), Ok(done)) => Ok(done),
+                (Err(e), _) => Err(e),
+                (Ok(_), Err(())) => Err("the receiver stopped taking parts".into()),
+            },
+            () = stalled => Err(format!("no progress for {HAND_OVER_IDLE:?}")),
         }
     }
 
@@ -399,11 +463,16 @@ impl Member {
     pub async fn receive(&self, handoff: Handoff, mut parts: Parts) -> Result<usize, Error> {
         self.catch_up(handoff.epoch, RECEIVE_WAIT).await;
         self.receiving(&handoff)?;
-        let mut these = vec![false; SLOTS];
-        for &slot in &handoff.slots {
-            these[usize::from(slot)] = true;
-        }
+        let these = slot_set(&handoff.slots);
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
+        // Drops what was installed unless the handoff completes, also when
+        // this future is dropped midway (a deadline, a reset stream).
+        let mut undo = Undo {
+            member: self,
+            handoff: &handoff,
+            these: &these,
+            armed: true,
+        };
         let mut installed = 0;
         let result = loop {
             let part = match parts.next().await {
@@ -423,6 +492,7 @@ impl Member {
                 }
                 Part::Done { users } if users == installed => {
                     counter!(HANDED_IN_USERS).increment(installed as u64);
+                    undo.armed = false;
                     break Ok(installed);
                 }
                 Part::Done { users } => {
@@ -432,9 +502,7 @@ impl Member {
                 }
             }
         };
-        if result.is_err() && self.receiving(&handoff).is_ok() {
-            self.inner.cache.discard(of_these);
-        }
+        drop(undo);
         result
     }
 

@@ -22,10 +22,6 @@ use crate::tls::{Tls, connector};
 /// its users are written, which a slow store can hold up.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one `HandOver` may take; the slots it moves are served
-/// nowhere meanwhile (requests for them wait, see `grpc::route::HOLD`), and
-/// past it the sender writes them itself.
-const HAND_OVER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a node asks of other nodes (a seam: simulations answer in-process).
 #[async_trait]
@@ -148,8 +144,10 @@ async fn call_hand_over(
     channel: Channel,
     requests: ReceiverStream<HandOverRequest>,
 ) -> Result<usize, tonic::Status> {
-    let mut request = tonic::Request::new(requests);
-    request.set_timeout(HAND_OVER_TIMEOUT);
-    let response = FleetClient::new(channel).hand_over(request).await?;
+    // No deadline: the sender bounds each step instead (see
+    // `Member::hand_over`), since a large handoff takes a while.
+    let response = FleetClient::new(channel)
+        .hand_over(tonic::Request::new(requests))
+        .await?;
     Ok(response.into_inner().users_installed as usize)
 }

@@ -5,10 +5,9 @@
 //! not answer) are split again by the ring as it is then, once; if some
 //! still fail, the call fails with UNAVAILABLE, and the client retries the
 //! whole call: MessageCreated counts nothing twice (each read state's
-//! watermark moves with its user), GetBadgeCounts only reads. MessageDeleted
-//! is deduplicated by each node for the parts it applied, so a retry that
-//! straddles a slot move may lower the moved users' counts again (see the
-//! proto): the dedup memory does not move with the users.
+//! watermark moves with its user), GetBadgeCounts only reads, and
+//! MessageDeleted lowers no user twice (each user's memory of the deletions
+//! it was lowered for moves with it; see the proto for a failed handoff).
 
 use futures::future::join_all;
 use readstates_routing::slot_of;

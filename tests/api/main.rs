@@ -8,6 +8,7 @@ mod faults;
 mod fleet;
 mod get_badge_counts;
 mod get_read_states;
+mod handoff;
 mod helpers;
 mod message_created;
 mod message_deleted;

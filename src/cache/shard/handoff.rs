@@ -3,7 +3,6 @@
 //! it lets go of users without writing them once another node has them.
 
 use std::cmp::Reverse;
-use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use tokio::time::{Duration, Instant};
@@ -34,10 +33,10 @@ impl Shard {
             .collect()
     }
 
-    /// The deleted messages `ids` were lowered for.
-    pub(crate) fn export_deletions(&self, ids: &HashSet<u64>) -> Vec<HandedDeletion> {
+    /// The deleted messages the users `which` names were lowered for.
+    pub(crate) fn export_deletions(&self, which: &impl Fn(u64) -> bool) -> Vec<HandedDeletion> {
         self.deletions
-            .of(|user_id| ids.contains(&user_id))
+            .of(which)
             .map(|(user_id, deletion)| HandedDeletion { user_id, deletion })
             .collect()
     }

@@ -1,0 +1,402 @@
+//! The warm handoff's failure paths, found in review: a handoff that does
+//! not complete (cut, past a deadline, or dropped by its sender) leaves
+//! nothing of its copy ahead on the new owner, which then serves what the
+//! store holds; and the MessageDeleted memory of users no longer cached
+//! moves with their slot. The old owner is played by a stand-in `Fleet`
+//! server where the test needs to control the stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::ring_store::RingStore;
+use readstates::cluster::ring_store::memory::MemoryRingStore;
+use readstates::proto::fleet_client::FleetClient as RawFleet;
+use readstates::proto::fleet_server::{Fleet, FleetServer};
+use readstates::proto::{
+    GetReadStatesRequest, GetRoutingTableRequest, HandOverRequest, HandOverResponse,
+    HandedReadState, HandedUser, MessageCreatedRequest, MessageDeletedRequest, ReleaseSlotsRequest,
+    ReleaseSlotsResponse,
+};
+use readstates::read_state::{Kind, ReadState};
+use readstates::store::memory::MemoryStore;
+use readstates::store::{Store, UserWrite};
+use readstates_routing::{Node, slot_of};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::helpers::{TestApp, spawn_member, test_config};
+
+/// A stand-in for an old owner "x": answers ReleaseSlots once told to.
+#[derive(Clone)]
+struct FakeX {
+    release: watch::Receiver<bool>,
+}
+
+#[tonic::async_trait]
+impl Fleet for FakeX {
+    async fn release_slots(
+        &self,
+        _request: Request<ReleaseSlotsRequest>,
+    ) -> Result<Response<ReleaseSlotsResponse>, Status> {
+        let mut r = self.release.clone();
+        let _ = r.wait_for(|&v| v).await;
+        Ok(Response::new(ReleaseSlotsResponse {}))
+    }
+    async fn hand_over(
+        &self,
+        _request: Request<Streaming<HandOverRequest>>,
+    ) -> Result<Response<HandOverResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+}
+
+async fn epoch_of(app: &mut TestApp) -> u64 {
+    app.client
+        .get_routing_table(GetRoutingTableRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .epoch
+}
+
+async fn last_acked(app: &mut TestApp, user_id: u64) -> (u64, u64) {
+    let response = app
+        .client
+        .get_read_states(GetReadStatesRequest {
+            user_id,
+            ..GetReadStatesRequest::default()
+        })
+        .await
+        .unwrap_or_else(|s| panic!("user {user_id}: {s:?}"))
+        .into_inner();
+    let s = response.read_states.first();
+    (
+        s.map_or(0, |s| s.last_acked_id),
+        s.map_or(0, |s| u64::from(s.unread_count)),
+    )
+}
+
+fn state(acked: u64, version: u64) -> ReadState {
+    ReadState {
+        channel_id: 1,
+        last_acked_id: acked,
+        last_message_id: acked,
+        version,
+        mention_count: 0,
+        unread_count: 0,
+        kind: Kind::Channel,
+        deleted: false,
+        muted: false,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ending {
+    /// The sender's stream errors / ends without Done: receiver discards.
+    Cut,
+    /// The HandOver's deadline passes (grpc-timeout): tonic drops the handler.
+    Timeout,
+    /// The sender drops the call (its adopt cancelled, e.g. SIGTERM after a
+    /// drain timeout): RST_STREAM, hyper drops the handler.
+    Dropped,
+}
+
+async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
+    let store = Arc::new(MemoryStore::new());
+    let ring = Arc::new(MemoryRingStore::default());
+    // The fake old owner x.
+    let (release_tx, release_rx) = watch::channel(false);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let x_addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(FleetServer::new(FakeX {
+                release: release_rx,
+            }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let mut config = test_config();
+    config.node_id = Some("b".into());
+    config.ring_poll = Duration::from_millis(50);
+    let mut b = spawn_member(config, store.clone(), ring.clone()).await;
+
+    let x = Node {
+        id: "x".into(),
+        address: x_addr.to_string(),
+        weight: 100,
+    };
+    admin::change(&*ring, RingChange::Add(x)).await.unwrap();
+    ring.report("x", 1).await.unwrap();
+    let bn = Node {
+        id: "b".into(),
+        address: b.addr.to_string(),
+        weight: 0,
+    };
+    admin::change(&*ring, RingChange::Add(bn)).await.unwrap();
+    ring.report("x", 2).await.unwrap();
+    ring.report("b", 2).await.unwrap();
+    let record = admin::change(
+        &*ring,
+        RingChange::SetWeight {
+            node: "b".into(),
+            weight: 100,
+        },
+    )
+    .await
+    .unwrap();
+    let epoch = record.ring.epoch();
+    while epoch_of(&mut b).await < epoch {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let user = (1..)
+        .find(|&u| {
+            record.ring.owner_of(u).unwrap().id == "b"
+                && record.previous.owner_of(u).unwrap().id == "x"
+        })
+        .unwrap();
+    // What x held of the user at its copy ahead: channel 1 acked to 5,
+    // written (version 5).
+    store
+        .write(&UserWrite {
+            user_id: user,
+            version: 5,
+            delta_floor: 0,
+            clear_below: None,
+            read_states: vec![state(5, 5)],
+        })
+        .await
+        .unwrap();
+
+    // x's HandOver: the copy ahead of the user, then nothing more for now.
+    let (send, requests) = tokio::sync::mpsc::channel::<HandOverRequest>(4);
+    send.send(HandOverRequest {
+        epoch,
+        slots: vec![u32::from(slot_of(user))],
+        node_id: "x".into(),
+        users: vec![HandedUser {
+            user_id: user,
+            version: 5,
+            written_version: 5,
+            delta_floor: 0,
+            clear_pending: false,
+            read_states: vec![HandedReadState {
+                channel_id: 1,
+                kind: 0,
+                last_acked_id: 5,
+                last_message_id: 5,
+                version: 5,
+                mention_count: 0,
+                unread_count: 0,
+                deleted: false,
+                muted: false,
+            }],
+            unwritten_for_ms: 0,
+        }],
+        ..HandOverRequest::default()
+    })
+    .await
+    .unwrap();
+    let mut client = RawFleet::connect(format!("http://{}", b.addr))
+        .await
+        .unwrap();
+    let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
+    if ending == Ending::Timeout {
+        request.set_timeout(Duration::from_millis(800));
+    }
+    let call = tokio::spawn(async move { client.hand_over(request).await });
+    // Let b install the copy ahead.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    match ending {
+        Ending::Cut => {
+            drop(send);
+            let answer = call.await.unwrap();
+            eprintln!("cut: b answered {answer:?}");
+        }
+        Ending::Timeout => {
+            let answer = call.await.unwrap();
+            eprintln!("timeout: b answered {answer:?}");
+            drop(send);
+        }
+        Ending::Dropped => {
+            call.abort();
+            let _ = call.await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(send);
+        }
+    }
+    // x, told nothing arrived, does the cold path: the user changed since
+    // the copy (acked to 10), x writes it, and answers ReleaseSlots.
+    store
+        .write(&UserWrite {
+            user_id: user,
+            version: 7,
+            delta_floor: 0,
+            clear_below: None,
+            read_states: vec![state(10, 7)],
+        })
+        .await
+        .unwrap();
+    release_tx.send(true).unwrap();
+    // b serves the slot once released.
+    ring.report("x", epoch).await.unwrap();
+    admin::wait_served(&*ring, epoch, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let (acked, _) = last_acked(&mut b, user).await;
+    // A redelivered message 8 (at or below the ack of 10) must count nothing.
+    let created = b
+        .client
+        .message_created(MessageCreatedRequest {
+            channel_id: 1,
+            message_id: 8,
+            unread_user_ids: vec![user],
+            ..MessageCreatedRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .updated;
+    b.stop().await;
+    let stored = store.load(user).await.unwrap();
+    let stored_ack = stored.read_states.first().map_or(0, |s| s.last_acked_id);
+    eprintln!("{ending:?}: served ack {acked}, msg 8 updated {created}, stored ack {stored_ack}");
+    (acked, stored_ack, created)
+}
+
+/// A handoff cut before it was done: the new owner drops its copy ahead.
+#[tokio::test]
+async fn a_cut_handoff_leaves_nothing_behind() {
+    let (acked, stored, created) = stale_copy_ahead(Ending::Cut).await;
+    assert_eq!((acked, stored, created), (10, 10, 0));
+}
+
+/// Found in review: past the call's deadline, tonic dropped the handler
+/// before it could drop what it had installed, and the new owner then
+/// served the stale copy (ack 5, not 10), counted a redelivered message
+/// and later wrote ack 5 over 10.
+#[tokio::test]
+async fn a_handoff_past_its_deadline_leaves_nothing_behind() {
+    let (acked, stored, created) = stale_copy_ahead(Ending::Timeout).await;
+    assert_eq!((acked, stored, created), (10, 10, 0));
+}
+
+/// Found in review: the same when the sender drops the call (RST_STREAM).
+#[tokio::test]
+async fn a_handoff_its_sender_dropped_leaves_nothing_behind() {
+    let (acked, stored, created) = stale_copy_ahead(Ending::Dropped).await;
+    assert_eq!((acked, stored, created), (10, 10, 0));
+}
+
+/// Found in review: the memory of users evicted (written) before their
+/// slot moved stayed behind, and a retried deletion lowered them again.
+#[tokio::test]
+async fn the_deletion_memory_of_users_no_longer_cached_moves_with_their_slot() {
+    deletion_memory(40).await;
+}
+
+#[tokio::test]
+async fn the_deletion_memory_of_cached_users_moves_with_their_slot() {
+    deletion_memory(1_000_000).await;
+}
+
+async fn deletion_memory(capacity: usize) {
+    let store = Arc::new(MemoryStore::new());
+    let ring = Arc::new(MemoryRingStore::default());
+    let member = |id: &str, capacity: usize| {
+        let mut config = test_config();
+        config.node_id = Some(id.to_owned());
+        config.ring_poll = Duration::from_millis(50);
+        config.cache_capacity = capacity;
+        let (store, ring) = (store.clone(), ring.clone());
+        async move { spawn_member(config, store, ring).await }
+    };
+    let mut a = member("a", capacity).await;
+    let mut b = member("b", 10_000).await;
+    let add = async |ring: &MemoryRingStore, change: RingChange| {
+        let record = admin::change(ring, change).await.unwrap();
+        admin::wait_served(ring, record.ring.epoch(), Duration::from_secs(20))
+            .await
+            .unwrap();
+        record
+    };
+    let node = |id: &str, app: &TestApp, weight| Node {
+        id: id.into(),
+        address: app.addr.to_string(),
+        weight,
+    };
+    add(&ring, RingChange::Add(node("a", &a, 100))).await;
+    add(&ring, RingChange::Add(node("b", &b, 0))).await;
+    let users: Vec<u64> = (1000..1040).collect();
+    for m in [100, 101] {
+        a.client
+            .message_created(MessageCreatedRequest {
+                channel_id: 1,
+                message_id: m,
+                unread_user_ids: users.clone(),
+                ..MessageCreatedRequest::default()
+            })
+            .await
+            .unwrap();
+    }
+    let deleted = MessageDeletedRequest {
+        channel_id: 1,
+        message_id: 101,
+        unread_user_ids: users.clone(),
+        ..MessageDeletedRequest::default()
+    };
+    let lowered = a.client.message_deleted(deleted.clone()).await.unwrap();
+    eprintln!("first deletion lowered {}", lowered.into_inner().updated);
+    // Other users push these out of a's small cache (written, then dropped).
+    for u in 5000..5400u64 {
+        a.client
+            .ack(readstates::proto::AckRequest {
+                user_id: u,
+                channel_id: 1,
+                message_id: 1,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let record = add(
+        &ring,
+        RingChange::SetWeight {
+            node: "b".into(),
+            weight: 100,
+        },
+    )
+    .await;
+    let on_b: Vec<u64> = users
+        .iter()
+        .copied()
+        .filter(|&u| record.ring.owner_of(u).unwrap().id == "b")
+        .collect();
+    let on_a = users.len() - on_b.len();
+    // The retry: must lower nobody.
+    let again = b
+        .client
+        .message_deleted(deleted)
+        .await
+        .unwrap()
+        .into_inner();
+    let mut lowered_twice = 0;
+    for &u in &users {
+        let (_, unread) = last_acked(&mut b, u).await;
+        if unread == 0 {
+            lowered_twice += 1;
+        }
+    }
+    eprintln!(
+        "users on b: {}, on a: {on_a}; retry lowered {}; users at unread 0 (lowered twice): {lowered_twice}",
+        on_b.len(),
+        again.updated
+    );
+    a.stop().await;
+    b.stop().await;
+    assert_eq!(
+        again.updated, 0,
+        "a retried MessageDeleted lowered users again"
+    );
+}
