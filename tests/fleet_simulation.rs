@@ -94,12 +94,7 @@ impl Peers for SimPeers {
         if roll < 0.3 {
             tokio::time::sleep(Duration::from_millis(700)).await;
         }
-        let member = self.members.lock().unwrap().get(address).cloned();
-        let member = member.ok_or("no such node")?;
-        member
-            .release_slots(epoch, slots)
-            .await
-            .map_err(|e| e.to_string())
+        release_at(&self.members, address, epoch, slots).await
     }
 
     /// A handoff fails before anything arrives, is cut at a random part,
@@ -175,6 +170,21 @@ impl Peers for SimPeers {
         }
         received
     }
+}
+
+/// `ReleaseSlots` of the node at `address`, called in-process.
+async fn release_at(
+    members: &Mutex<HashMap<String, Member>>,
+    address: &str,
+    epoch: u64,
+    slots: &[Slot],
+) -> Result<(), String> {
+    let member = members.lock().unwrap().get(address).cloned();
+    let member = member.ok_or("no such node")?;
+    member
+        .release_slots(epoch, slots)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 impl SimPeers {
@@ -581,12 +591,7 @@ impl Peers for GatedPeers {
         slots: &[Slot],
         _from: &str,
     ) -> Result<(), String> {
-        let member = self.members.lock().unwrap().get(address).cloned();
-        let member = member.ok_or("no such node")?;
-        member
-            .release_slots(epoch, slots)
-            .await
-            .map_err(|e| e.to_string())
+        release_at(&self.members, address, epoch, slots).await
     }
 
     async fn hand_over(

@@ -463,6 +463,15 @@ impl Shard {
             self.add_pins(slot, pins);
             return;
         }
+        let user = self.record(user_id, states);
+        let slot = self.users.insert(user);
+        self.add_pins(slot, pins);
+        self.evict_over_capacity(slot);
+    }
+
+    /// A record of `user_id` holding `states` (counted in the shard's read
+    /// states; the caller inserts it).
+    fn record(&mut self, user_id: u64, states: UserReadStates) -> CachedUser {
         let mut user = CachedUser::new(user_id);
         let watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
         user.flags.set(Flags::WATCHED, watched);
@@ -471,9 +480,7 @@ impl Shard {
         user.set_header(header);
         user.block = self.arena.put(Block::EMPTY, 0, &entries);
         user.len = entries.len() as u32;
-        let slot = self.users.insert(user);
-        self.add_pins(slot, pins);
-        self.evict_over_capacity(slot);
+        user
     }
 
     /// Evicts least recently used users until the shard is within capacity,

@@ -2,9 +2,9 @@
 //! this node, their new owner (see [`crate::cluster::member::Member::receive`]).
 
 use futures::StreamExt;
-use readstates_routing::{SLOTS, Slot};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::validate;
 use crate::cluster::handoff::{self, Handoff, Part};
 use crate::cluster::member::Member;
 use crate::error::Error;
@@ -19,16 +19,7 @@ pub async fn handle(
         .message()
         .await?
         .ok_or_else(|| Error::invalid("hand_over", "no message"))?;
-    let slots = first
-        .slots
-        .iter()
-        .map(|&slot| {
-            Slot::try_from(slot)
-                .ok()
-                .filter(|&s| usize::from(s) < SLOTS)
-                .ok_or_else(|| Error::invalid("slots", format!("{slot} is not below {SLOTS}")))
-        })
-        .collect::<Result<Vec<Slot>, Error>>()?;
+    let slots = validate::slots("slots", &first.slots)?;
     let handoff = Handoff {
         epoch: first.epoch,
         slots,

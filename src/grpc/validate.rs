@@ -4,6 +4,8 @@
 
 use std::fmt::Display;
 
+use readstates_routing::{SLOTS, Slot};
+
 use crate::error::Error;
 use crate::read_state::{Key, Kind};
 
@@ -58,4 +60,19 @@ pub fn ids(field: impl Display, values: &[u64]) -> Result<(), Error> {
         Some(i) => Err(Error::invalid(format!("{field}[{i}]"), "must not be 0")),
         None => Ok(()),
     }
+}
+
+/// Slot numbers from the wire, each below [`SLOTS`].
+pub fn slots(field: impl Display, values: &[u32]) -> Result<Vec<Slot>, Error> {
+    values
+        .iter()
+        .map(|&slot| {
+            Slot::try_from(slot)
+                .ok()
+                .filter(|&s| usize::from(s) < SLOTS)
+                .ok_or_else(|| {
+                    Error::invalid(field.to_string(), format!("{slot} is not below {SLOTS}"))
+                })
+        })
+        .collect()
 }

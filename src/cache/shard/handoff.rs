@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::time::{Duration, Instant};
 
-use super::{Shard, weight};
+use super::Shard;
 use crate::cache::handoff::{HandedDeletion, HandedUser};
-use crate::cache::users::{CachedUser, Flags};
+use crate::cache::users::Flags;
 use crate::read_state::UserReadStates;
 
 impl Shard {
@@ -52,14 +52,7 @@ impl Shard {
         } = handed;
         self.remove(user_id);
         let unwritten = states.unwritten_count();
-        let mut user = CachedUser::new(user_id);
-        let watched = !self.watchers.is_empty() && self.watchers.contains_key(&user_id);
-        user.flags.set(Flags::WATCHED, watched);
-        self.read_states += weight(&states);
-        let (header, entries) = states.into_parts();
-        user.set_header(header);
-        user.block = self.arena.put(super::Block::EMPTY, 0, &entries);
-        user.len = entries.len() as u32;
+        let mut user = self.record(user_id, states);
         if user.has_unwritten() {
             let now = Instant::now();
             let since = now
