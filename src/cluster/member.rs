@@ -421,9 +421,7 @@ impl Member {
             }
             let gone: Vec<u64> = sent.into_keys().filter(|id| !seen.contains(id)).collect();
             if !gone.is_empty() {
-                send.send(Part::Chunk(Chunk::Gone(gone)))
-                    .await
-                    .map_err(|_| ())?;
+                send.send(Part::Chunk(Chunk::Gone(gone))).await?;
             }
             // By slot, not by user held: the memory outlives eviction.
             for chunk in cache.export_deletions(of_these) {
