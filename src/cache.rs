@@ -623,8 +623,10 @@ impl Cache {
         &self.ownership
     }
 
-    /// Per shard, its users (cached, evicted, watched) that `leaving` names.
-    fn users_leaving(&self, leaving: &impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
+    /// Per shard, its users (cached, evicted, watched) that `leaving` names,
+    /// as they are now (changes may still be under way; see
+    /// [`Cache::settled_users`]).
+    pub fn users_leaving(&self, leaving: &impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
         (0..self.shards.len())
             .map(|index| self.with_shard(index, |shard| shard.users_leaving(leaving)))
             .collect()
@@ -652,8 +654,7 @@ impl Cache {
     /// the store takes them), then drops them from memory, clean ones too,
     /// and tells their Watch streams they moved. Returns the users let go.
     pub async fn release(&self, leaving: impl Fn(u64) -> bool) -> usize {
-        self.gate.barrier().await;
-        let users = self.users_leaving(&leaving);
+        let users = self.settled_users(leaving).await;
         // Queued for a write once: write-behind retries a failed write itself.
         self.expedite(&users);
         while self.unsettled(&users) > 0 {

@@ -111,8 +111,7 @@ impl Peers for SimPeers {
         if roll < 0.1 {
             return Err("partitioned".into());
         }
-        let member = self.members.lock().unwrap().get(address).cloned();
-        let member = member.ok_or("no such node")?;
+        let member = member_at(&self.members, address)?;
         // A slow link: each part takes up to 400 ms, so the users change
         // while the copy ahead is under way.
         let pace = self
@@ -172,16 +171,20 @@ impl Peers for SimPeers {
     }
 }
 
-/// `ReleaseSlots` of the node at `address`, called in-process.
+/// The node at `address`, called in-process.
+fn member_at(members: &Mutex<HashMap<String, Member>>, address: &str) -> Result<Member, String> {
+    let member = members.lock().unwrap().get(address).cloned();
+    member.ok_or_else(|| "no such node".to_owned())
+}
+
+/// `ReleaseSlots` of the node at `address`.
 async fn release_at(
     members: &Mutex<HashMap<String, Member>>,
     address: &str,
     epoch: u64,
     slots: &[Slot],
 ) -> Result<(), String> {
-    let member = members.lock().unwrap().get(address).cloned();
-    let member = member.ok_or("no such node")?;
-    member
+    member_at(members, address)?
         .release_slots(epoch, slots)
         .await
         .map_err(|e| e.to_string())
@@ -600,8 +603,7 @@ impl Peers for GatedPeers {
         handoff: Handoff,
         parts: BoxStream<'static, Part>,
     ) -> Result<usize, String> {
-        let member = self.members.lock().unwrap().get(address).cloned();
-        let member = member.ok_or("no such node")?;
+        let member = member_at(&self.members, address)?;
         let gate = self.gate.clone();
         let parts = parts
             .enumerate()

@@ -61,12 +61,6 @@ impl Cache {
         self.users_leaving(&leaving)
     }
 
-    /// The users `leaving` names, by shard, as they are now (changes may
-    /// still be under way: for a copy ahead).
-    pub fn users_of(&self, leaving: impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
-        self.users_leaving(&leaving)
-    }
-
     /// `users` (by shard, see [`Cache::settled_users`]) as chunks, read from
     /// the shards as the stream is polled.
     pub fn export(self: &Arc<Self>, users: Vec<Vec<u64>>) -> impl Stream<Item = Chunk> + use<> {

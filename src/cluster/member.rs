@@ -395,7 +395,7 @@ impl Member {
             // What was sent of each user: its versions.
             let mut sent: HashMap<u64, (u64, u64)> = HashMap::new();
             let mut count = 0;
-            let mut ahead = cache.export(cache.users_of(of_these));
+            let mut ahead = cache.export(cache.users_leaving(of_these));
             while let Some(chunk) = ahead.next().await {
                 if let Chunk::Users(users) = &chunk {
                     count += users.len();

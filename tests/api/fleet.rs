@@ -11,7 +11,7 @@ use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
 use readstates::proto::{
     AckRequest, GetBadgeCountsRequest, GetReadStatesRequest, GetRoutingTableRequest,
-    MessageCreatedRequest, MessageDeletedRequest, watch_event,
+    MessageCreatedRequest, MessageDeletedRequest, ReadState, watch_event,
 };
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
@@ -76,6 +76,13 @@ fn ack(user_id: u64, message_id: u64) -> AckRequest {
 }
 
 async fn last_acked(app: &mut TestApp, user_id: u64) -> u64 {
+    first_read_state(app, user_id)
+        .await
+        .map_or(0, |s| s.last_acked_id)
+}
+
+/// The user's first read state, as `app` serves it.
+pub async fn first_read_state(app: &mut TestApp, user_id: u64) -> Option<ReadState> {
     let response = app
         .client
         .get_read_states(GetReadStatesRequest {
@@ -85,7 +92,7 @@ async fn last_acked(app: &mut TestApp, user_id: u64) -> u64 {
         .await
         .unwrap_or_else(|s| panic!("user {user_id}: {s:?}"))
         .into_inner();
-    response.read_states.first().map_or(0, |s| s.last_acked_id)
+    response.read_states.into_iter().next()
 }
 
 #[tokio::test]
@@ -226,7 +233,7 @@ async fn a_dead_owner_holds_its_slots_until_released_by_force() {
     b.stop().await;
 }
 
-async fn epoch_of(app: &mut TestApp) -> u64 {
+pub async fn epoch_of(app: &mut TestApp) -> u64 {
     let table = app
         .client
         .get_routing_table(GetRoutingTableRequest {})

@@ -159,6 +159,28 @@ impl Fleet {
         [Route::Owners(owners), Route::Entry(entry.client().await)]
     }
 
+    /// `series` summed over the running nodes.
+    async fn metric(&self, series: &str) -> f64 {
+        let mut sum = 0.0;
+        for server in self.servers.iter().flatten() {
+            sum += server.metric(series).await;
+        }
+        sum
+    }
+
+    /// Stops every node (SIGTERM: each writes everything) and checks
+    /// Cassandra against `ledger`: the acks acknowledged, those missing,
+    /// and the counts left unanswered.
+    async fn stop_and_check(&mut self, ledger: &Ledger) -> (usize, Vec<(u64, Instant)>, u32) {
+        for server in self.servers.iter_mut().filter_map(Option::take) {
+            assert!(tokio::task::block_in_place(|| server.terminate()).success());
+        }
+        let store = self.store().await;
+        let (acknowledged, missing) = missing_acks(&store, ledger).await;
+        let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
+        (acknowledged, missing, unanswered)
+    }
+
     async fn store(&self) -> CassandraStore {
         let mut config = config(&nodes());
         config.keyspace = self.keyspace.clone();
@@ -372,19 +394,11 @@ async fn weight_changes_and_a_restart_under_load_lose_nothing() {
         took
     };
     let (ledger, took) = tokio::join!(load(routes, first, stop.clone()), operator);
-    let (mut handed, mut handed_in) = (0.0, 0.0);
-    for server in fleet.servers.iter().flatten() {
-        handed += server
-            .metric("readstates_moved_users_total{how=\"handed\"}")
-            .await;
-        handed_in += server.metric("readstates_handed_in_users_total").await;
-    }
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        assert!(tokio::task::block_in_place(|| server.terminate()).success());
-    }
-    let store = fleet.store().await;
-    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
-    let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
+    let handed = fleet
+        .metric("readstates_moved_users_total{how=\"handed\"}")
+        .await;
+    let handed_in = fleet.metric("readstates_handed_in_users_total").await;
+    let (acknowledged, missing, unanswered) = fleet.stop_and_check(&ledger).await;
     println!(
         "fleet under load: {acknowledged} acks acknowledged, {} missing; {} users counted, \
          {unanswered} unanswered counts; {} requests retried after UNAVAILABLE; ring changes \
@@ -483,16 +497,8 @@ async fn a_rolling_restart_by_drain_and_rejoin_under_load_fails_nothing_and_lose
         took
     };
     let (ledger, took) = tokio::join!(load(routes, first, stop.clone()), operator);
-    let mut handed = 0.0;
-    for server in fleet.servers.iter().flatten() {
-        handed += server.metric("readstates_handed_in_users_total").await;
-    }
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        assert!(tokio::task::block_in_place(|| server.terminate()).success());
-    }
-    let store = fleet.store().await;
-    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
-    let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
+    let handed = fleet.metric("readstates_handed_in_users_total").await;
+    let (acknowledged, missing, unanswered) = fleet.stop_and_check(&ledger).await;
     println!(
         "rolling restart under load: {acknowledged} acks acknowledged, {} missing, {} errors; \
          {unanswered} unanswered counts; each node (drained, back at its weight and served) \
