@@ -177,13 +177,15 @@ impl ReadStatesService {
         let started = Instant::now();
         let budget = deadline::budget(request.metadata());
         let until = budget.map(|budget| started + budget);
-        let forwarded = request.metadata().contains_key(route::FORWARDED);
+        let hop = route::Hop::of(request.metadata());
         let request = request.into_inner();
         // Kept only where the request may have to be sent on.
-        let again = match (&self.router, forwarded) {
-            (Some(_), false) => Some(request.clone()),
-            _ => None,
+        let goes_on = match hop {
+            route::Hop::First => true,
+            route::Hop::Forwarded(_) => forward.is_some(),
+            route::Hop::PassedOn => false,
         };
+        let again = (self.router.is_some() && goes_on).then(|| request.clone());
         let left = || until.map(|until| until.saturating_duration_since(Instant::now()));
         let mut result = match &again {
             // A request that may be sent on is not held here: where its
@@ -197,7 +199,7 @@ impl ReadStatesService {
         {
             if let Some(forward) = forward
                 && let Some(answer) = router
-                    .forward(user_id, request.clone(), left(), forward)
+                    .forward(user_id, request.clone(), &hop, left(), forward)
                     .await
                 // The previous owner of a slot being acquired here refuses
                 // once it is releasing it: then wait for it here instead.
@@ -243,14 +245,26 @@ impl ReadStatesService {
         Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
         RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
     {
-        let router = match &self.router {
-            Some(router) if !request.metadata().contains_key(route::FORWARDED) => router,
+        let hop = route::Hop::of(request.metadata());
+        let router = match (&self.router, &hop) {
+            (Some(router), route::Hop::First) => router,
+            // A part forwarded here goes on only for users whose slot this
+            // node is acquiring (see [`route::Router::next`]).
+            (Some(router), route::Hop::Forwarded(_))
+                if request
+                    .get_ref()
+                    .users()
+                    .is_ok_and(|users| users.iter().any(|&u| router.next(u, &hop).is_some())) =>
+            {
+                router
+            }
             _ => return self.call(metrics, request, handler).await,
         };
         let started = Instant::now();
         let until = deadline::budget(request.metadata()).map(|budget| started + budget);
         let scattering = router.scatter(
             request.into_inner(),
+            &hop,
             until,
             |part| self.run_held(part, until, &handler),
             remote,

@@ -3,9 +3,13 @@
 //! refused with UNAVAILABLE ("not applied; retry there") naming the owner
 //! and the epoch in the trailers.
 //!
-//! A forwarded request carries `x-readstates-forwarded`, so it is never
+//! A forwarded request carries `x-readstates-forwarded`, so it is not
 //! forwarded again: two nodes that disagree about an owner (one behind by an
 //! epoch) answer the client instead of passing the request back and forth.
+//! One exception, so that a move holds few requests: a node acquiring a
+//! slot passes a request forwarded to it for that slot on to the slot's
+//! previous owner, which serves it until it starts releasing it; marked
+//! `x-readstates-passed-on`, that request goes nowhere else.
 
 use std::future::Future;
 use std::time::Duration;
@@ -25,6 +29,34 @@ use crate::proto::read_states_client::ReadStatesClient;
 /// Set on a forwarded request; on a refusal, the owner (`id@host:port`)
 /// and the epoch of that answer. Defined with the client that reads them.
 pub use readstates_routing::client::{EPOCH, FORWARDED, OWNER};
+
+/// Set, with [`FORWARDED`], on a request passed on to the previous owner
+/// of a slot by the node acquiring it: it goes no further.
+pub const PASSED_ON: &str = "x-readstates-passed-on";
+
+/// How far a request has come, which bounds where it may go next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hop {
+    /// From a client: goes to wherever its user is served.
+    First,
+    /// Forwarded by the node named: passed on only to the previous owner of
+    /// a slot being acquired here.
+    Forwarded(String),
+    /// Passed on by a node acquiring its slot: served here or refused.
+    PassedOn,
+}
+
+impl Hop {
+    pub fn of(metadata: &MetadataMap) -> Hop {
+        if metadata.contains_key(PASSED_ON) {
+            return Hop::PassedOn;
+        }
+        match metadata.get(FORWARDED) {
+            Some(from) => Hop::Forwarded(from.to_str().unwrap_or_default().to_owned()),
+            None => Hop::First,
+        }
+    }
+}
 
 /// How long a request waits for a slot being acquired.
 pub const HOLD: Duration = Duration::from_secs(2);
@@ -86,29 +118,50 @@ impl Router {
         (owner.id != self.member.id()).then(|| owner.id.clone())
     }
 
-    /// Sends `request` to where `user_id` is served (see
-    /// [`Router::destination`]) with `call`, marked forwarded, within what
-    /// is left of the caller's deadline; `None` if that is this node or
-    /// nobody.
+    /// Where a request for `user_id` that came `hop` goes from here: for a
+    /// request from a client, [`Router::destination`]; for a forwarded one,
+    /// the previous owner of a slot this node is acquiring, unless that is
+    /// where it came from; else nowhere.
+    pub fn next(&self, user_id: u64, hop: &Hop) -> Option<String> {
+        match hop {
+            Hop::First => self.destination(user_id),
+            Hop::Forwarded(from) => {
+                let slot = slot_of(user_id);
+                if self.member.ownership().state(slot) != SlotState::Acquiring {
+                    return None;
+                }
+                let previous = self.member.ring().previous.owner(slot)?.id.clone();
+                (previous != *from && previous != self.member.id()).then_some(previous)
+            }
+            Hop::PassedOn => None,
+        }
+    }
+
+    /// Sends `request`, which came `hop`, on to where `user_id` is served
+    /// (see [`Router::next`]) with `call`, within what is left of the
+    /// caller's deadline; `None` if it goes nowhere.
     pub async fn forward<Req, Resp, Fut>(
         &self,
         user_id: u64,
         request: Req,
+        hop: &Hop,
         budget: Option<Duration>,
         call: impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
     ) -> Option<Result<Response<Resp>, Status>>
     where
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let destination = self.destination(user_id)?;
-        Some(self.send(&destination, request, budget, &call).await)
+        let destination = self.next(user_id, hop)?;
+        Some(self.send(&destination, request, hop, budget, &call).await)
     }
 
-    /// Sends a request to `owner`, marked forwarded, within `budget`.
+    /// Sends a request that came `hop` to `owner`, marked forwarded (and
+    /// passed on, unless it came from a client), within `budget`.
     pub(super) async fn send<Req, Resp, Fut>(
         &self,
         owner: &str,
         request: Req,
+        hop: &Hop,
         budget: Option<Duration>,
         call: &impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
     ) -> Result<Response<Resp>, Status>
@@ -130,6 +183,11 @@ impl Router {
         let mut request = Request::new(request);
         if let Ok(value) = MetadataValue::try_from(self.member.id()) {
             request.metadata_mut().insert(FORWARDED, value);
+        }
+        if *hop != Hop::First {
+            request
+                .metadata_mut()
+                .insert(PASSED_ON, MetadataValue::from_static("1"));
         }
         if let Some(budget) = budget {
             request.set_timeout(budget);

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use super::route::{EPOCH, HOLD, Router};
+use super::route::{EPOCH, HOLD, Hop, Router};
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
@@ -43,11 +43,12 @@ enum Outcome<Resp> {
 }
 
 impl Router {
-    /// Splits `request` by owner and runs the parts: this node's with
-    /// `local`, the others' with `remote` at their owners.
+    /// Splits `request`, which came `hop`, by owner and runs the parts:
+    /// this node's with `local`, the others' with `remote` at their owners.
     pub async fn scatter<Req, LocalFut, Remote, RemoteFut>(
         &self,
         request: Req,
+        hop: &Hop,
         until: Option<Instant>,
         local: impl Fn(Req) -> LocalFut,
         remote: Remote,
@@ -61,7 +62,10 @@ impl Router {
         let mut pending = request.users().map_err(Status::from)?;
         let mut answers = Vec::new();
         for round in 0..2 {
-            let parts = self.split(&pending, round == 1);
+            let parts = match hop {
+                Hop::First => self.split(&pending, round == 1),
+                _ => self.split_forwarded(&pending, round == 1, hop),
+            };
             let outcomes = join_all(parts.into_iter().map(|(owner, users)| {
                 let part = request.part(&users.iter().copied().collect());
                 let (local, remote) = (&local, &remote);
@@ -77,7 +81,7 @@ impl Router {
                             }
                             Err(error) => Outcome::Failed(error.into()),
                         },
-                        Some(owner) => match self.send(&owner, part, left, remote).await {
+                        Some(owner) => match self.send(&owner, part, hop, left, remote).await {
                             Ok(answer) => Outcome::Done(answer.into_inner()),
                             Err(status) if status.code() == tonic::Code::Unavailable => {
                                 let epoch = status
@@ -151,6 +155,27 @@ impl Router {
                 _ => self.destination(user),
             };
             parts.entry(node).or_default().push(user);
+        }
+        parts
+    }
+
+    /// `users` of a part forwarded here, which came `hop`: to the previous
+    /// owner of a slot this node is acquiring (see [`Router::next`]), else
+    /// here; `again` (after a refusal), all here.
+    fn split_forwarded(
+        &self,
+        users: &[u64],
+        again: bool,
+        hop: &Hop,
+    ) -> BTreeMap<Option<String>, Vec<u64>> {
+        let me = self.member.id();
+        let mut parts: BTreeMap<Option<String>, Vec<u64>> = BTreeMap::new();
+        for &user in users {
+            let node = if again { None } else { self.next(user, hop) };
+            parts
+                .entry(Some(node.unwrap_or_else(|| me.to_owned())))
+                .or_default()
+                .push(user);
         }
         parts
     }

@@ -2,17 +2,19 @@
 //! memory, over real gRPC on loopback. Slots move between nodes with every
 //! acknowledged change kept; requests reach owners from any node.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
-use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
+use readstates::cluster::ring_store::{RingRecord, RingStore};
 use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
 use readstates::proto::{
     AckRequest, GetBadgeCountsRequest, GetReadStatesRequest, GetRoutingTableRequest,
     MessageCreatedRequest, MessageDeletedRequest, ReadState, watch_event,
 };
+use readstates::store::StoreError;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
 use readstates_routing::client::FleetClient;
@@ -470,4 +472,122 @@ async fn the_routing_client_retries_what_was_not_applied() {
     let refused = ack_user(once, 2).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     a.stop().await;
+}
+
+/// The ring as one node sees it: the shared one, or the record it is held
+/// at (a node slow to follow the ring, which keeps serving the slots it is
+/// losing).
+#[derive(Debug)]
+struct Lagging {
+    ring: Arc<MemoryRingStore>,
+    held: std::sync::Mutex<Option<RingRecord>>,
+}
+
+impl Lagging {
+    fn hold(&self, record: Option<RingRecord>) {
+        *self.held.lock().unwrap() = record;
+    }
+}
+
+#[tonic::async_trait]
+impl RingStore for Lagging {
+    async fn load(&self) -> Result<RingRecord, StoreError> {
+        let held = self.held.lock().unwrap().clone();
+        match held {
+            Some(record) => Ok(record),
+            None => self.ring.load().await,
+        }
+    }
+    async fn advance(&self, next: &RingRecord) -> Result<bool, StoreError> {
+        self.ring.advance(next).await
+    }
+    async fn release(&self, epoch: u64, node: &str) -> Result<bool, StoreError> {
+        self.ring.release(epoch, node).await
+    }
+    async fn report(&self, node: &str, epoch: u64) -> Result<(), StoreError> {
+        self.ring.report(node, epoch).await
+    }
+    async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError> {
+        self.ring.progress().await
+    }
+    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, StoreError> {
+        self.ring.drained_weight(node).await
+    }
+    async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError> {
+        self.ring.set_drained_weight(node, weight).await
+    }
+}
+
+/// While a slot moves, its previous owner serves it until it starts
+/// releasing it; a request (or the part of a split one) that another node
+/// forwarded to the new owner is passed on to the previous owner there, not
+/// held until the move is over.
+#[tokio::test]
+async fn a_request_forwarded_to_a_new_owner_still_acquiring_is_served_by_the_previous_owner() {
+    let (store, ring) = shared();
+    let lagging = Arc::new(Lagging {
+        ring: ring.clone(),
+        held: std::sync::Mutex::default(),
+    });
+    let mut config = test_config();
+    config.node_id = Some("x".to_owned());
+    config.ring_poll = Duration::from_millis(50);
+    let x = spawn_member(config, store.clone(), lagging.clone()).await;
+    let mut entry = member("entry", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "x", &x, 100).await;
+    add(&ring, "entry", &entry, 0).await;
+    add(&ring, "b", &b, 0).await;
+    // x stays in the epoch before b takes half its slots.
+    lagging.hold(Some(ring.load().await.unwrap()));
+    let record = admin::change(
+        &*ring,
+        RingChange::SetWeight {
+            node: "b".into(),
+            weight: 100,
+        },
+    )
+    .await
+    .unwrap();
+    while epoch_of(&mut b).await < record.ring.epoch() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let moving = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "b")
+        .unwrap();
+    let staying = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "x")
+        .unwrap();
+    // Shorter than a hold (2 s): only the previous owner can answer in time.
+    fn within<T>(message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(Duration::from_millis(1000));
+        request
+    }
+    entry
+        .client
+        .ack(within(ack(moving, 5)))
+        .await
+        .expect("an ack forwarded to b");
+    let created = entry
+        .client
+        .message_created(within(MessageCreatedRequest {
+            channel_id: 1,
+            message_id: 9,
+            unread_user_ids: vec![moving, staying],
+            ..MessageCreatedRequest::default()
+        }))
+        .await
+        .expect("a message split between b and x")
+        .into_inner();
+    assert_eq!(created.updated, 2);
+
+    // Once x follows, the user moves to b with both changes.
+    lagging.hold(None);
+    served(&ring, record.ring.epoch()).await;
+    let state = first_read_state(&mut b, moving).await.unwrap();
+    assert_eq!((state.last_acked_id, state.unread_count), (5, 1));
+    x.stop().await;
+    entry.stop().await;
+    b.stop().await;
 }
