@@ -31,6 +31,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use readstates::cache::handoff::Chunk;
 use readstates::cache::{Cache, CacheConfig};
 use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::handoff::{Handoff, Part};
@@ -76,6 +77,8 @@ struct SimPeers {
     rng: Mutex<Option<fastrand::Rng>>,
     /// Users installed by handoffs whose sender was told so.
     handed: std::sync::atomic::AtomicUsize,
+    /// Users a handoff sent again, having changed since their copy.
+    again: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[async_trait]
@@ -157,6 +160,14 @@ impl Peers for SimPeers {
             let parts = futures::stream::iter(parts.into_iter().map(Ok)).boxed();
             member.receive(handoff, parts).await
         } else {
+            let mut seen = std::collections::HashSet::new();
+            let again = self.again.clone();
+            let parts = parts.inspect(move |part| {
+                if let Part::Chunk(Chunk::Users(users)) = part {
+                    let repeated = users.iter().filter(|u| !seen.insert(u.user_id)).count();
+                    again.fetch_add(repeated, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
             member.receive(handoff, parts.map(Ok).boxed()).await
         };
         let received = received.map_err(|e| e.to_string());
@@ -207,8 +218,9 @@ struct State {
 
 type Model = BTreeMap<u64, State>;
 
-/// Returns the operations applied and the users handed over warm.
-async fn simulate(seed: u64) -> (usize, usize) {
+/// Returns the operations applied, the users handed over warm and those
+/// sent again within a handoff.
+async fn simulate(seed: u64) -> (usize, usize, usize) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let store = Arc::new(FaultyStore::memory());
     let ring = Arc::new(MemoryRingStore::default());
@@ -437,7 +449,8 @@ async fn simulate(seed: u64) -> (usize, usize) {
         );
     }
     let handed = peers.handed.load(std::sync::atomic::Ordering::Relaxed);
-    (operations, handed)
+    let again = peers.again.load(std::sync::atomic::Ordering::Relaxed);
+    (operations, handed, again)
 }
 
 /// One of client `client`'s users.
@@ -545,7 +558,7 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         }
     };
     let started = std::time::Instant::now();
-    let (mut operations, mut handed) = (0, 0);
+    let (mut operations, mut handed, mut again) = (0, 0, 0);
     for &seed in &seeds {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -555,9 +568,10 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime.block_on(simulate(seed))
         })) {
-            Ok((done, users)) => {
+            Ok((done, users, resent)) => {
                 operations += done;
                 handed += users;
+                again += resent;
             }
             Err(panic) => {
                 eprintln!("fleet simulation failed at seed {seed}; replay with FLEET_SEED={seed}");
@@ -566,14 +580,14 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         }
     }
     println!(
-        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over, in {:.1?}",
+        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), in {:.1?}",
         seeds.len(),
         started.elapsed()
     );
     if seeds.len() > 10 {
         assert!(
-            handed > 0,
-            "no handoff went through: the simulation tests nothing of it"
+            handed > 0 && again > 0,
+            "no handoff went through, or none sent a user again: the simulation tests nothing of it"
         );
     }
 }

@@ -4,15 +4,17 @@
 //!
 //! The sender exports the users of the slots it hands over chunk by chunk,
 //! so neither end holds more than a chunk beyond its cache: first while it
-//! still serves them (a copy ahead), then, once it has stopped and nothing
-//! changes them any more, those that changed since and those it no longer
-//! holds (`Gone`). The receiver installs each user with the time its
+//! still serves them (a copy ahead, then those that changed meanwhile, in a
+//! few rounds), then, once it has stopped and nothing changes them any
+//! more, those that changed since and those it no longer holds (`Gone`).
+//! Only users whose versions differ from what was sent of them are read
+//! out, so that the last part, while the slots are served nowhere, is short. The receiver installs each user with the time its
 //! unwritten changes were due to be written, and takes over their writing.
 //! Only once the receiver has them all does the sender let go of them
 //! without writing; if anything fails, the sender writes them as a release
 //! does, and the receiver drops what it installed.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use futures::{Stream, StreamExt};
 use tokio::time::Duration;
@@ -34,6 +36,21 @@ pub struct HandedUser {
     /// none.
     pub unwritten_for: Option<Duration>,
 }
+
+impl HandedUser {
+    /// What this copy is of: the user's version, and how much of it the
+    /// store held.
+    pub fn versions(&self) -> Versions {
+        let header = self.states.view().header();
+        (header.version, header.written_version)
+    }
+}
+
+/// A user's version and written version: what a copy of it is of.
+pub type Versions = (u64, u64);
+
+/// What was sent of each user so far.
+pub type Sent = HashMap<u64, Versions>;
 
 /// A deleted message a handed-over user was lowered for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,25 +78,41 @@ impl Cache {
         self.users_leaving(&leaving)
     }
 
-    /// `users` (by shard, see [`Cache::settled_users`]) as chunks, read from
+    /// Users sent in one chunk.
+    pub fn handoff_chunk(&self) -> usize {
+        self.config.handoff_chunk.max(1)
+    }
+
+    /// `users` (by shard, see [`Cache::settled_users`]) that changed since
+    /// what was `sent` of them (all, the first time), as chunks, read from
     /// the shards as the stream is polled.
-    pub fn export(self: &Arc<Self>, users: Vec<Vec<u64>>) -> impl Stream<Item = Chunk> + use<> {
-        let cache = self.clone();
-        let chunk = self.config.handoff_chunk.max(1);
+    pub fn export<'a>(
+        &'a self,
+        users: Vec<Vec<u64>>,
+        sent: &'a Sent,
+    ) -> impl Stream<Item = Chunk> + 'a {
+        let chunk = self.handoff_chunk();
         let parts = users.into_iter().enumerate().flat_map(move |(index, ids)| {
             let chunks: Vec<Vec<u64>> = ids.chunks(chunk).map(<[u64]>::to_vec).collect();
             chunks.into_iter().map(move |ids| (index, ids))
         });
         futures::stream::iter(parts).filter_map(move |(index, ids)| {
-            let users = cache.with_shard(index, |shard| shard.export(&ids));
+            let users = self.with_shard(index, |shard| shard.export(&ids, sent));
             std::future::ready((!users.is_empty()).then_some(Chunk::Users(users)))
         })
+    }
+
+    /// Those of `ids` not held here (any more).
+    pub fn not_held(&self, ids: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        ids.into_iter()
+            .filter(|&id| !self.with_shard(self.shard_of(id), |shard| shard.holds(id)))
+            .collect()
     }
 
     /// What the users `leaving` names were lowered for, cached or not (the
     /// memory outlives their eviction), in chunks.
     pub fn export_deletions(&self, leaving: impl Fn(u64) -> bool) -> Vec<Chunk> {
-        let chunk = self.config.handoff_chunk.max(1) * 16;
+        let chunk = self.handoff_chunk() * 16;
         (0..self.shard_count())
             .flat_map(|index| {
                 let deletions = self.with_shard(index, |shard| shard.export_deletions(&leaving));

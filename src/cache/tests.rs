@@ -521,7 +521,10 @@ mod release {
         sender.ownership().set(slot, SlotState::Releasing);
         receiver.ownership().set(slot, SlotState::Acquiring);
         let users = sender.settled_users(|id| slot_of(id) == slot).await;
-        let mut chunks: Vec<handoff::Chunk> = sender.export(users.clone()).collect().await;
+        let mut chunks: Vec<handoff::Chunk> = sender
+            .export(users.clone(), &handoff::Sent::new())
+            .collect()
+            .await;
         chunks.extend(sender.export_deletions(|id| slot_of(id) == slot));
         assert_eq!(chunks.len(), 2, "the user, then its deletions: {chunks:?}");
         let installed: usize = chunks.into_iter().map(|c| receiver.install(c)).sum();
@@ -559,5 +562,47 @@ mod release {
         sender_writer.shutdown(Duration::from_secs(1)).await;
         receiver_writer.shutdown(Duration::from_secs(1)).await;
         assert_eq!(store.writes().len(), 1, "the sender wrote nothing");
+    }
+
+    /// A handoff's later rounds read out only the users that changed since
+    /// what was sent of them, and tell which were let go meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn a_handoff_sends_again_only_the_users_that_changed() {
+        let store = Arc::new(FaultyStore::memory());
+        let sender = member(store.clone(), &[1, 2, 3]);
+        for user in [1, 2, 3] {
+            assert!(ack(&sender, user, 5, 10).await.unwrap());
+        }
+        let users = sender.users_leaving(&|_| true);
+        let versions = |chunks: Vec<handoff::Chunk>| -> handoff::Sent {
+            chunks
+                .into_iter()
+                .flat_map(|chunk| match chunk {
+                    handoff::Chunk::Users(users) => users,
+                    other => panic!("{other:?}"),
+                })
+                .map(|user| (user.user_id, user.versions()))
+                .collect()
+        };
+        let mut sent = versions(
+            sender
+                .export(users.clone(), &handoff::Sent::new())
+                .collect()
+                .await,
+        );
+        assert_eq!(sent.len(), 3);
+        let again = versions(sender.export(users.clone(), &sent).collect().await);
+        assert!(again.is_empty(), "nothing changed: {again:?}");
+
+        assert!(ack(&sender, 2, 5, 20).await.unwrap());
+        let again = versions(sender.export(users.clone(), &sent).collect().await);
+        assert_eq!(again.keys().copied().collect::<Vec<_>>(), [2]);
+        assert_ne!(again[&2], sent[&2]);
+        sent.extend(again);
+
+        assert_eq!(sender.hand_off(&sender.users_leaving(&|id| id == 3)), 1);
+        let mut gone = sender.not_held(sent.into_keys());
+        gone.sort_unstable();
+        assert_eq!(gone, [3]);
     }
 }

@@ -19,7 +19,7 @@
 //! it serves every slot it owns, it reports the epoch, and `readstates
 //! ring` may make the next one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,20 +28,24 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use metrics::counter;
 
 use super::handoff::{Handoff, Part, Parts};
 use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
-use crate::cache::handoff::{Chunk, HandedUser};
+use crate::cache::handoff::{Chunk, Sent, Versions};
 use crate::error::Error;
 use crate::metrics::{HANDED_IN_USERS, MOVED_USERS};
 use crate::ownership::{Ownership, SlotState};
 
 /// How long a `HandOver` waits for this node to adopt its epoch.
 const RECEIVE_WAIT: Duration = Duration::from_secs(2);
+/// At most how many times a handoff copies its users while still serving
+/// them: once, then again those that changed meanwhile, until at most a
+/// chunk of them did.
+const COPY_AHEAD_ROUNDS: usize = 4;
 /// How long a handoff may go without its receiver taking a part, or
 /// answering once it has them all.
 const HAND_OVER_IDLE: Duration = Duration::from_secs(10);
@@ -72,16 +76,29 @@ impl Drop for Undo<'_> {
 }
 
 /// The sending end of a handoff's parts, telling each one taken.
-struct Sent<'a> {
+struct Outbox<'a> {
     send: tokio::sync::mpsc::Sender<Part>,
     progress: &'a watch::Sender<()>,
 }
 
-impl Sent<'_> {
+impl Outbox<'_> {
     async fn send(&self, part: Part) -> Result<(), ()> {
         self.send.send(part).await.map_err(|_| ())?;
         self.progress.send_replace(());
         Ok(())
+    }
+
+    /// Sends every chunk of `chunks`; returns what it sent of each user.
+    async fn users(&self, chunks: impl Stream<Item = Chunk>) -> Result<Vec<(u64, Versions)>, ()> {
+        let mut chunks = std::pin::pin!(chunks);
+        let mut sent = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            if let Chunk::Users(users) = &chunk {
+                sent.extend(users.iter().map(|u| (u.user_id, u.versions())));
+            }
+            self.send(Part::Chunk(chunk)).await?;
+        }
+        Ok(sent)
     }
 }
 
@@ -102,13 +119,6 @@ fn slot_set(slots: &[Slot]) -> Vec<bool> {
         set[usize::from(slot)] = true;
     }
     set
-}
-
-/// What a handed user's copy is of: its version, and how much of it the
-/// store held.
-fn versions(user: &HandedUser) -> (u64, u64) {
-    let header = user.states.view().header();
-    (header.version, header.written_version)
 }
 
 /// Whether every user of `chunk` is one `of_these` names.
@@ -390,36 +400,29 @@ impl Member {
         let parts = tokio_stream::wrappers::ReceiverStream::new(parts).boxed();
         let handing = self.inner.peers.hand_over(&node.address, handoff, parts);
         let progress = &progress;
-        let send = Sent { send, progress };
+        let send = Outbox { send, progress };
         let feeding = async move {
-            // What was sent of each user: its versions.
-            let mut sent: HashMap<u64, (u64, u64)> = HashMap::new();
+            let mut sent = Sent::new();
             let mut count = 0;
-            let mut ahead = cache.export(cache.users_leaving(of_these));
-            while let Some(chunk) = ahead.next().await {
-                if let Chunk::Users(users) = &chunk {
-                    count += users.len();
-                    sent.extend(users.iter().map(|u| (u.user_id, versions(u))));
+            // While the users are still served here: all of them, then
+            // those that changed meanwhile, until few do.
+            for _ in 0..COPY_AHEAD_ROUNDS {
+                let round = send
+                    .users(cache.export(cache.users_leaving(of_these), &sent))
+                    .await?;
+                count += round.len();
+                let few = round.len() <= cache.handoff_chunk();
+                sent.extend(round);
+                if few {
+                    break;
                 }
-                send.send(Part::Chunk(chunk)).await?;
             }
             let paused = tokio::time::Instant::now();
             self.stop_serving(slots);
             let users = cache.settled_users(of_these).await;
-            let mut seen = HashSet::new();
-            let mut rest = cache.export(users.clone());
-            while let Some(mut chunk) = rest.next().await {
-                if let Chunk::Users(users) = &mut chunk {
-                    seen.extend(users.iter().map(|u| u.user_id));
-                    users.retain(|u| sent.get(&u.user_id) != Some(&versions(u)));
-                    count += users.len();
-                    if users.is_empty() {
-                        continue;
-                    }
-                }
-                send.send(Part::Chunk(chunk)).await?;
-            }
-            let gone: Vec<u64> = sent.into_keys().filter(|id| !seen.contains(id)).collect();
+            count += send.users(cache.export(users.clone(), &sent)).await?.len();
+            // Sent earlier, written and evicted since: what was sent is stale.
+            let gone = cache.not_held(sent.into_keys());
             if !gone.is_empty() {
                 send.send(Part::Chunk(Chunk::Gone(gone))).await?;
             }

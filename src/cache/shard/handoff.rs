@@ -8,20 +8,25 @@ use std::sync::atomic::Ordering;
 use tokio::time::{Duration, Instant};
 
 use super::Shard;
-use crate::cache::handoff::{HandedDeletion, HandedUser};
+use crate::cache::handoff::{HandedDeletion, HandedUser, Sent};
 use crate::cache::users::Flags;
 use crate::read_state::UserReadStates;
 
 impl Shard {
-    /// `ids` as they are held here (users not held are skipped): read
-    /// states, versions, and how long their unwritten changes have waited.
-    pub(crate) fn export(&self, ids: &[u64]) -> Vec<HandedUser> {
+    /// `ids` as they are held here, those whose versions differ from what
+    /// was `sent` of them (users not held are skipped): read states,
+    /// versions, and how long their unwritten changes have waited.
+    pub(crate) fn export(&self, ids: &[u64], sent: &Sent) -> Vec<HandedUser> {
         let now_ms = self.millis(Instant::now());
         ids.iter()
             .filter_map(|&user_id| {
                 let slot = self.users.find(user_id)?;
                 let user = self.users.get(slot);
                 let view = self.view(slot);
+                let header = view.header();
+                if sent.get(&user_id) == Some(&(header.version, header.written_version)) {
+                    return None;
+                }
                 let unwritten_for = (user.has_unwritten() && user.is(Flags::UNWRITTEN_SINCE))
                     .then(|| Duration::from_millis(u64::from(now_ms.wrapping_sub(user.since_ms))));
                 Some(HandedUser {
@@ -31,6 +36,11 @@ impl Shard {
                 })
             })
             .collect()
+    }
+
+    /// Whether `user_id` is held here (evicted but unwritten included).
+    pub(crate) fn holds(&self, user_id: u64) -> bool {
+        self.users.find(user_id).is_some()
     }
 
     /// The deleted messages the users `which` names were lowered for.
