@@ -9,7 +9,9 @@
 //! (as nodes forward), and retry a refusal a few times. Meanwhile an operator changes
 //! the ring over and over: a canary joins at weight 0, ramps to 1% and to
 //! half, goes back to 0; a node drains and returns; slots move back and
-//! forth.
+//! forth; and now and then a node restarts (gracefully, as on SIGTERM
+//! without a drain: it stops serving, writes everything, and comes back
+//! empty), often while it sends or receives a handoff.
 //!
 //! The operations count: each MessageCreated raises the unread count of each
 //! of its users by exactly one, all of a part's users or none (the parts of
@@ -68,17 +70,82 @@ struct SimNode {
     stop: CancellationToken,
 }
 
+impl SimNode {
+    /// A node that just started: empty, following the ring, called by
+    /// the others through `peers`.
+    fn start(
+        id: &str,
+        config: CacheConfig,
+        store: &Arc<FaultyStore>,
+        ring: &Arc<MemoryRingStore>,
+        peers: &Arc<SimPeers>,
+    ) -> SimNode {
+        let cache = Cache::with_ownership(
+            config,
+            store.clone() as Arc<dyn Store>,
+            Arc::new(Ownership::member()),
+        );
+        let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+        let member = Member::new(
+            id.to_owned(),
+            ring.clone(),
+            cache.clone(),
+            peers.clone(),
+            MemberConfig {
+                ring_poll: Duration::from_millis(100),
+                retry: Duration::from_millis(50),
+            },
+        );
+        let stop = CancellationToken::new();
+        peers
+            .members
+            .lock()
+            .unwrap()
+            .insert(address(id), (member.clone(), stop.clone()));
+        member.start(stop.clone());
+        SimNode {
+            cache,
+            member,
+            write_behind: Some(write_behind),
+            stop,
+        }
+    }
+
+    /// Stops `node` as on SIGTERM without a drain: its calls are cut, it
+    /// serves nothing more once the changes under way are applied, and it
+    /// writes everything.
+    async fn stop(node: &Mutex<SimNode>) {
+        let (cache, write_behind) = {
+            let mut node = node.lock().unwrap();
+            node.stop.cancel();
+            for slot in 0..SLOTS as Slot {
+                node.member.ownership().set(slot, SlotState::NotOwner);
+            }
+            (node.cache.clone(), node.write_behind.take())
+        };
+        cache.settled_users(|_| false).await;
+        let report = write_behind
+            .expect("running")
+            .shutdown(Duration::from_secs(60))
+            .await;
+        assert_eq!(report.unwritten, 0, "a node could not write everything");
+    }
+}
+
 /// Nodes call each other's `ReleaseSlots` and `HandOver` directly; a call
 /// fails or stalls at random (a partition that heals), and a handoff breaks
 /// in every way it can (see [`SimPeers::hand_over`]).
 #[derive(Debug, Default)]
 struct SimPeers {
-    members: Mutex<HashMap<String, Member>>,
+    /// Each node's member, and the token that stops it (its calls cut).
+    members: Mutex<HashMap<String, (Member, CancellationToken)>>,
     rng: Mutex<Option<fastrand::Rng>>,
     /// Users installed by handoffs whose sender was told so.
     handed: std::sync::atomic::AtomicUsize,
     /// Users a handoff sent again, having changed since their copy.
     again: Arc<std::sync::atomic::AtomicUsize>,
+    /// Handoffs cut by their sender or receiver stopping.
+    cut: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -110,11 +177,44 @@ impl Peers for SimPeers {
         handoff: Handoff,
         parts: BoxStream<'static, Part>,
     ) -> Result<usize, String> {
+        // Dropped midway: its sender stopped.
+        let mut cut = Cut {
+            count: &self.cut,
+            armed: true,
+        };
+        let received = self.deliver(address, handoff, parts).await;
+        cut.armed = matches!(&received, Err(e) if e.contains(STOPPED));
+        received
+    }
+}
+
+/// Counts a handoff cut by a node stopping, unless disarmed.
+struct Cut<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    armed: bool,
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl SimPeers {
+    async fn deliver(
+        &self,
+        address: &str,
+        handoff: Handoff,
+        parts: BoxStream<'static, Part>,
+    ) -> Result<usize, String> {
         let roll = self.roll();
         if roll < 0.1 {
             return Err("partitioned".into());
         }
-        let member = member_at(&self.members, address)?;
+        let (member, stopped) = member_at(&self.members, address)?;
         // A slow link: each part takes up to 400 ms, so the users change
         // while the copy ahead is under way.
         let pace = self
@@ -143,7 +243,7 @@ impl Peers for SimPeers {
                 })
                 .map(Ok)
                 .boxed();
-            let received = member.receive(handoff, parts).await;
+            let received = until_stopped(&stopped, member.receive(handoff, parts)).await;
             assert!(
                 received.is_err() || done.load(std::sync::atomic::Ordering::Relaxed),
                 "a cut handoff was taken: {received:?}"
@@ -156,9 +256,9 @@ impl Peers for SimPeers {
         let received = if roll < 0.35 {
             let parts: Vec<Part> = parts.collect().await;
             let again = futures::stream::iter(parts.clone().into_iter().map(Ok)).boxed();
-            let _ = member.receive(handoff.clone(), again).await;
+            let _ = until_stopped(&stopped, member.receive(handoff.clone(), again)).await;
             let parts = futures::stream::iter(parts.into_iter().map(Ok)).boxed();
-            member.receive(handoff, parts).await
+            until_stopped(&stopped, member.receive(handoff, parts)).await
         } else {
             let mut seen = std::collections::HashSet::new();
             let again = self.again.clone();
@@ -168,7 +268,7 @@ impl Peers for SimPeers {
                     again.fetch_add(repeated, std::sync::atomic::Ordering::Relaxed);
                 }
             });
-            member.receive(handoff, parts.map(Ok).boxed()).await
+            until_stopped(&stopped, member.receive(handoff, parts.map(Ok).boxed())).await
         };
         let received = received.map_err(|e| e.to_string());
         if (0.35..0.45).contains(&roll) {
@@ -182,21 +282,37 @@ impl Peers for SimPeers {
     }
 }
 
-/// The node at `address`, called in-process.
-fn member_at(members: &Mutex<HashMap<String, Member>>, address: &str) -> Result<Member, String> {
+/// Why a call to a node that stopped failed.
+const STOPPED: &str = "the node stopped";
+
+type Members = Mutex<HashMap<String, (Member, CancellationToken)>>;
+
+/// The node at `address`, called in-process, and what stops it.
+fn member_at(members: &Members, address: &str) -> Result<(Member, CancellationToken), String> {
     let member = members.lock().unwrap().get(address).cloned();
     member.ok_or_else(|| "no such node".to_owned())
 }
 
+/// `call` to a node, cut if the node stops meanwhile (its process gone).
+async fn until_stopped<T>(
+    stopped: &CancellationToken,
+    call: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::select! {
+        result = call => result,
+        () = stopped.cancelled() => Err(Error::HandoffBroken(STOPPED.into())),
+    }
+}
+
 /// `ReleaseSlots` of the node at `address`.
 async fn release_at(
-    members: &Mutex<HashMap<String, Member>>,
+    members: &Members,
     address: &str,
     epoch: u64,
     slots: &[Slot],
 ) -> Result<(), String> {
-    member_at(members, address)?
-        .release_slots(epoch, slots)
+    let (member, stopped) = member_at(members, address)?;
+    until_stopped(&stopped, member.release_slots(epoch, slots))
         .await
         .map_err(|e| e.to_string())
 }
@@ -218,56 +334,42 @@ struct State {
 
 type Model = BTreeMap<u64, State>;
 
-/// Returns the operations applied, the users handed over warm and those
-/// sent again within a handoff.
-async fn simulate(seed: u64) -> (usize, usize, usize) {
+/// What one seed did.
+#[derive(Default)]
+struct Ran {
+    operations: usize,
+    /// Users handed over warm.
+    handed: usize,
+    /// Users sent again within a handoff.
+    again: usize,
+    restarts: usize,
+    /// Handoffs cut by their sender or receiver restarting.
+    cut: usize,
+}
+
+async fn simulate(seed: u64) -> Ran {
     let mut rng = fastrand::Rng::with_seed(seed);
     let store = Arc::new(FaultyStore::memory());
     let ring = Arc::new(MemoryRingStore::default());
     let peers = Arc::new(SimPeers::default());
     *peers.rng.lock().unwrap() = Some(fastrand::Rng::with_seed(seed ^ 0x5eed));
-    let mut nodes = Vec::new();
-    for id in NODES {
-        let cache = Cache::with_ownership(
-            CacheConfig {
-                capacity: 16 + rng.usize(..32),
-                shards: 2,
-                write_delay: Duration::from_millis(200 + rng.u64(..2_000)),
-                max_evicted_unwritten: 10_000,
-                write_concurrency: 4,
-                // Handoffs of many parts: the copy ahead takes a while.
-                handoff_chunk: 1,
-                ..CacheConfig::default()
-            },
-            store.clone() as Arc<dyn Store>,
-            Arc::new(Ownership::member()),
-        );
-        let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-        let member = Member::new(
-            id.to_owned(),
-            ring.clone(),
-            cache.clone(),
-            peers.clone(),
-            MemberConfig {
-                ring_poll: Duration::from_millis(100),
-                retry: Duration::from_millis(50),
-            },
-        );
-        peers
-            .members
-            .lock()
-            .unwrap()
-            .insert(address(id), member.clone());
-        let stop = CancellationToken::new();
-        member.start(stop.clone());
-        nodes.push(SimNode {
-            cache,
-            member,
-            write_behind: Some(write_behind),
-            stop,
-        });
-    }
-    let nodes = Arc::new(nodes);
+    let configs: Vec<CacheConfig> = NODES
+        .iter()
+        .map(|_| CacheConfig {
+            capacity: 16 + rng.usize(..32),
+            shards: 2,
+            write_delay: Duration::from_millis(200 + rng.u64(..2_000)),
+            max_evicted_unwritten: 10_000,
+            write_concurrency: 4,
+            // Handoffs of many parts: the copy ahead takes a while.
+            handoff_chunk: 1,
+            ..CacheConfig::default()
+        })
+        .collect();
+    let start =
+        |index: usize| SimNode::start(NODES[index], configs[index].clone(), &store, &ring, &peers);
+    let nodes: Arc<Vec<Mutex<SimNode>>> =
+        Arc::new((0..NODES.len()).map(|i| Mutex::new(start(i))).collect());
 
     // The ring starts with a and b, served.
     for id in ["a", "b"] {
@@ -405,10 +507,20 @@ async fn simulate(seed: u64) -> (usize, usize, usize) {
     if rng.bool() {
         plan.truncate(2 + rng.usize(..plan.len() - 2));
     }
+    let mut restarts = 0;
     for ring_change in plan {
         tokio::time::sleep(Duration::from_millis(rng.u64(..800))).await;
         change(&ring, ring_change).await;
         check_one_owner(&nodes);
+        // A restart, likely while slots move to or from that node.
+        if rng.u8(..4) == 0 {
+            tokio::time::sleep(Duration::from_millis(rng.u64(..600))).await;
+            let index = rng.usize(..NODES.len());
+            SimNode::stop(&nodes[index]).await;
+            let fresh = start(index);
+            *nodes[index].lock().unwrap() = fresh;
+            restarts += 1;
+        }
     }
 
     let mut operations = 0;
@@ -417,16 +529,8 @@ async fn simulate(seed: u64) -> (usize, usize, usize) {
     }
     store.clear();
     // Every node shuts down and writes everything.
-    let mut nodes = Arc::try_unwrap(nodes).ok().expect("clients done");
-    for node in &mut nodes {
-        node.stop.cancel();
-        let report = node
-            .write_behind
-            .take()
-            .unwrap()
-            .shutdown(Duration::from_secs(60))
-            .await;
-        assert_eq!(report.unwritten, 0, "a node could not write everything");
+    for node in nodes.iter() {
+        SimNode::stop(node).await;
     }
 
     let model = model.lock().unwrap().clone();
@@ -450,7 +554,13 @@ async fn simulate(seed: u64) -> (usize, usize, usize) {
     }
     let handed = peers.handed.load(std::sync::atomic::Ordering::Relaxed);
     let again = peers.again.load(std::sync::atomic::Ordering::Relaxed);
-    (operations, handed, again)
+    Ran {
+        operations,
+        handed,
+        again,
+        restarts,
+        cut: peers.cut.load(std::sync::atomic::Ordering::Relaxed),
+    }
 }
 
 /// One of client `client`'s users.
@@ -484,7 +594,7 @@ async fn change(ring: &MemoryRingStore, ring_change: RingChange) {
 /// as stored) to their owners; a part refused (not served there, the store
 /// failing) is tried again a little later. Returns the users applied.
 async fn route<F, Fut>(
-    nodes: &[SimNode],
+    nodes: &[Mutex<SimNode>],
     ring: &MemoryRingStore,
     users: &[u64],
     apply: F,
@@ -508,7 +618,8 @@ where
         pending.clear();
         for (owner, part) in parts {
             let index = NODES.iter().position(|&n| n == owner).unwrap();
-            let mut result = apply(nodes[index].cache.clone(), &part).await;
+            let cache = nodes[index].lock().unwrap().cache.clone();
+            let mut result = apply(cache, &part).await;
             // An owner acquiring the slot forwards to the previous owner,
             // which serves it until it stops (as `grpc::route` does).
             if let Err(Error::NotServed {
@@ -521,11 +632,16 @@ where
                     .all(|&u| record.previous.owner_of(u) == Some(previous))
             {
                 let index = NODES.iter().position(|&n| n == previous.id).unwrap();
-                result = apply(nodes[index].cache.clone(), &part).await;
+                let cache = nodes[index].lock().unwrap().cache.clone();
+                result = apply(cache, &part).await;
             }
             match result {
                 Ok(()) => applied.extend(part),
-                Err(Error::NotServed { .. } | Error::LoadFailed { .. }) => pending.extend(part),
+                // Not applied: refused, the store failing, or a node
+                // restarting.
+                Err(Error::NotServed { .. } | Error::LoadFailed { .. } | Error::ShuttingDown) => {
+                    pending.extend(part)
+                }
                 Err(e) => panic!("unexpected {e}"),
             }
         }
@@ -537,11 +653,11 @@ where
 }
 
 /// No slot is served by two nodes.
-fn check_one_owner(nodes: &[SimNode]) {
+fn check_one_owner(nodes: &[Mutex<SimNode>]) {
     for slot in 0..SLOTS as Slot {
         let serving = nodes
             .iter()
-            .filter(|n| n.member.ownership().state(slot) == SlotState::Serving)
+            .filter(|n| n.lock().unwrap().member.ownership().state(slot) == SlotState::Serving)
             .count();
         assert!(serving <= 1, "slot {slot} served by {serving} nodes");
     }
@@ -558,7 +674,7 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         }
     };
     let started = std::time::Instant::now();
-    let (mut operations, mut handed, mut again) = (0, 0, 0);
+    let mut total = Ran::default();
     for &seed in &seeds {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -568,10 +684,12 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime.block_on(simulate(seed))
         })) {
-            Ok((done, users, resent)) => {
-                operations += done;
-                handed += users;
-                again += resent;
+            Ok(ran) => {
+                total.operations += ran.operations;
+                total.handed += ran.handed;
+                total.again += ran.again;
+                total.restarts += ran.restarts;
+                total.cut += ran.cut;
             }
             Err(panic) => {
                 eprintln!("fleet simulation failed at seed {seed}; replay with FLEET_SEED={seed}");
@@ -579,15 +697,22 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
             }
         }
     }
+    let Ran {
+        operations,
+        handed,
+        again,
+        restarts,
+        cut,
+    } = total;
     println!(
-        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), in {:.1?}",
+        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), {restarts} restarts ({cut} handoffs cut by one), in {:.1?}",
         seeds.len(),
         started.elapsed()
     );
     if seeds.len() > 10 {
         assert!(
-            handed > 0 && again > 0,
-            "no handoff went through, or none sent a user again: the simulation tests nothing of it"
+            handed > 0 && again > 0 && cut > 0,
+            "no handoff went through, none sent a user again, or none was cut by a restart: the simulation tests nothing of it"
         );
     }
 }
@@ -595,7 +720,7 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
 /// Peers whose handoffs stop after their first part until the gate opens.
 #[derive(Debug)]
 struct GatedPeers {
-    members: Mutex<HashMap<String, Member>>,
+    members: Members,
     gate: Arc<tokio::sync::Semaphore>,
 }
 
@@ -617,7 +742,7 @@ impl Peers for GatedPeers {
         handoff: Handoff,
         parts: BoxStream<'static, Part>,
     ) -> Result<usize, String> {
-        let member = member_at(&self.members, address)?;
+        let (member, _) = member_at(&self.members, address)?;
         let gate = self.gate.clone();
         let parts = parts
             .enumerate()
@@ -672,7 +797,11 @@ async fn a_slot_is_served_by_its_new_owner_only_once_its_handoff_is_complete() {
             },
         );
         member.start(stop.clone());
-        peers.members.lock().unwrap().insert(address(id), member);
+        peers
+            .members
+            .lock()
+            .unwrap()
+            .insert(address(id), (member, stop.clone()));
         caches.insert(id, cache);
     }
     change(&ring, RingChange::Add(node("a", 100))).await;
