@@ -19,7 +19,7 @@
 //! it serves every slot it owns, it reports the epoch, and `readstates
 //! ring` may make the next one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,6 +63,7 @@ struct Undo<'a> {
 
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
+        let _installing = self.member.handed_in();
         if self.armed && self.member.receiving(self.handoff).is_ok() {
             let these = self.these;
             let dropped = self
@@ -169,6 +170,10 @@ struct Inner {
     let_go: watch::Sender<u64>,
     /// Wakes the follower for an early look at the ring.
     poke: Notify,
+    /// Slots being acquired whose handoff completed, with its epoch. Its
+    /// lock also makes a handoff's check and install of a chunk one step
+    /// against the slots starting to be served (see [`Member::serve`]).
+    handed_in: std::sync::Mutex<HashMap<Slot, u64>>,
 }
 
 impl Member {
@@ -190,6 +195,7 @@ impl Member {
                 released: watch::Sender::new(0),
                 let_go: watch::Sender::new(0),
                 poke: Notify::new(),
+                handed_in: std::sync::Mutex::default(),
             }),
         }
     }
@@ -200,6 +206,13 @@ impl Member {
 
     pub fn ownership(&self) -> &Ownership {
         self.inner.cache.ownership()
+    }
+
+    fn handed_in(&self) -> std::sync::MutexGuard<'_, HashMap<Slot, u64>> {
+        self.inner
+            .handed_in
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The ring as this node last adopted it.
@@ -486,12 +499,20 @@ impl Member {
                     if !chunk_within(&chunk, &of_these) {
                         break Err(Error::HandoffBroken("a user of another slot".into()));
                     }
+                    let _installing = self.handed_in();
                     if let Err(e) = self.receiving(&handoff) {
                         break Err(e);
                     }
                     installed += self.inner.cache.install(chunk);
                 }
                 Part::Done { users } if users == installed => {
+                    let mut handed_in = self.handed_in();
+                    if let Err(e) = self.receiving(&handoff) {
+                        break Err(e);
+                    }
+                    for &slot in &handoff.slots {
+                        handed_in.insert(slot, handoff.epoch);
+                    }
                     counter!(HANDED_IN_USERS).increment(installed as u64);
                     undo.armed = false;
                     break Ok(installed);
@@ -567,9 +588,7 @@ impl Member {
             }
             tokio::time::sleep(self.inner.config.retry).await;
         }
-        for &slot in &slots {
-            self.ownership().set(slot, SlotState::Serving);
-        }
+        self.serve(epoch, &slots);
         tracing::info!(
             epoch,
             from = %from.id,
@@ -578,6 +597,37 @@ impl Member {
             "acquired"
         );
         self.inner.poke.notify_one();
+    }
+
+    /// Serves `slots`, released to this node in `epoch`. What a handoff of
+    /// them installed stays only if that handoff completed: one still open
+    /// (the sender gave up on it and wrote the users, or died and was
+    /// released by force) may have brought copies older than the store's.
+    fn serve(&self, epoch: u64, slots: &[Slot]) {
+        let mut handed_in = self.handed_in();
+        let incomplete: Vec<Slot> = slots
+            .iter()
+            .copied()
+            .filter(|slot| handed_in.get(slot) != Some(&epoch))
+            .collect();
+        if !incomplete.is_empty() {
+            let these = slot_set(&incomplete);
+            let dropped = self
+                .inner
+                .cache
+                .discard(|user_id| these[usize::from(slot_of(user_id))]);
+            if dropped > 0 {
+                tracing::warn!(
+                    epoch,
+                    users = dropped,
+                    "released before its handoff completed; what it brought is dropped"
+                );
+            }
+        }
+        for &slot in slots {
+            handed_in.remove(&slot);
+            self.ownership().set(slot, SlotState::Serving);
+        }
     }
 
     /// `ReleaseSlots` from the new owner of `slots` in `epoch`: answers once

@@ -74,6 +74,11 @@ enum Ending {
     /// The sender drops the call (its adopt cancelled, e.g. SIGTERM after a
     /// drain timeout): RST_STREAM, hyper drops the handler.
     Dropped,
+    /// The release is answered (the sender gave up on the handoff, wrote
+    /// the users, or an operator forced the release of a dead sender)
+    /// before the receiver sees the handoff end: the call is still open
+    /// while the slot starts being served.
+    ReleasedFirst,
 }
 
 async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
@@ -181,22 +186,26 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
     let call = tokio::spawn(async move { client.hand_over(request).await });
     // Let b install the copy ahead.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    match ending {
+    let open = match ending {
         Ending::Cut => {
             drop(send);
             let _ = call.await.unwrap();
+            None
         }
         Ending::Timeout => {
             let _ = call.await.unwrap();
             drop(send);
+            None
         }
         Ending::Dropped => {
             call.abort();
             let _ = call.await;
             tokio::time::sleep(Duration::from_millis(300)).await;
             drop(send);
+            None
         }
-    }
+        Ending::ReleasedFirst => Some((send, call)),
+    };
     // x, told nothing arrived, does the cold path: the user changed since
     // the copy (acked to 10), x writes it, and answers ReleaseSlots.
     store
@@ -218,6 +227,10 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
     let acked = first_read_state(&mut b, user)
         .await
         .map_or(0, |s| s.last_acked_id);
+    if let Some((send, call)) = open {
+        drop(send);
+        let _ = call.await.unwrap();
+    }
     // A redelivered message 8 (at or below the ack of 10) must count nothing.
     let created = b
         .client
@@ -259,6 +272,16 @@ async fn a_handoff_past_its_deadline_leaves_nothing_behind() {
 #[tokio::test]
 async fn a_handoff_its_sender_dropped_leaves_nothing_behind() {
     let (acked, stored, created) = stale_copy_ahead(Ending::Dropped).await;
+    assert_eq!((acked, stored, created), (10, 10, 0));
+}
+
+/// Found by the kill -9 test: the new owner dropped what a handoff had
+/// installed only if the slot was still being acquired when the handoff
+/// ended; released first (by the sender's fallback, or by force), it
+/// served the stale copy.
+#[tokio::test]
+async fn a_handoff_still_open_when_the_slot_is_released_leaves_nothing_behind() {
+    let (acked, stored, created) = stale_copy_ahead(Ending::ReleasedFirst).await;
     assert_eq!((acked, stored, created), (10, 10, 0));
 }
 
