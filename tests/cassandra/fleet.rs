@@ -455,6 +455,110 @@ async fn a_crash_loses_at_most_the_write_delay_on_that_node_only() {
     );
 }
 
+/// A `kill -9` of a node while it hands users over: the receiver, frozen
+/// (SIGSTOP) before the ring change, takes no part, so the sender is caught
+/// mid-handoff, still serving the users it copies; it is killed there. The
+/// receiver, resumed, serves the slots from Cassandra once an operator
+/// forces the dead node's release (what a cut handoff installed is dropped:
+/// `a_handoff_still_open_when_the_slot_is_released_leaves_nothing_behind`).
+/// Only the killed node's users lose acks, and only those of its last write
+/// delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only() {
+    let mut fleet = Fleet::start("fleet_kill_handoff").await;
+    let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
+    let stop = Arc::new(AtomicBool::new(false));
+    let kill = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        fleet.server(2).freeze();
+        let record = admin::change(
+            &*fleet.ring,
+            RingChange::SetWeight {
+                node: "n3".into(),
+                weight: 300,
+            },
+        )
+        .await
+        .expect("ring change");
+        let epoch = record.ring.epoch();
+        let sender = fleet.server(0);
+        let started = Instant::now();
+        while !sender
+            .logged("new epoch")
+            .iter()
+            .any(|e| e["epoch"] == epoch)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "n1 never adopted {epoch}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Its handoff to n3 is under way, and stuck.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Releasing slots, none released yet: mid-handoff.
+        let handing = sender
+            .logged("new epoch")
+            .iter()
+            .any(|e| e["epoch"] == epoch && e["releasing"].as_u64() > Some(0))
+            && sender
+                .logged("released")
+                .iter()
+                .all(|e| e["epoch"] != epoch);
+        let at = Instant::now();
+        sender.crash();
+        fleet.server(2).resume();
+        admin::release(&*fleet.ring, "n1", true)
+            .await
+            .expect("forced release");
+        // n2 and n3 serve all their slots (n1, dead, still owns some).
+        let started = Instant::now();
+        loop {
+            let progress = fleet.ring.progress().await.expect("progress");
+            if ["n2", "n3"]
+                .iter()
+                .all(|n| progress.get(*n) >= Some(&epoch))
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "not served: {progress:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::SeqCst);
+        (record, at, handing)
+    };
+    let routes = fleet.routes().await;
+    let (ledger, (record, killed_at, handing)) =
+        tokio::join!(load(routes, first, stop.clone()), kill);
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    let mut oldest = Duration::ZERO;
+    for &(user_id, sent) in &missing {
+        let owner = &record.previous.owner_of(user_id).unwrap().id;
+        assert_eq!(owner, "n1", "user {user_id} of {owner} lost an ack");
+        oldest = oldest.max(killed_at.saturating_duration_since(sent));
+    }
+    println!(
+        "kill -9 of a node mid-handoff: {acknowledged} acks acknowledged, {} missing, all of \
+         the killed node's users, the oldest sent {oldest:?} before the kill",
+        missing.len()
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    assert!(handing, "n1 was not handing users over when killed");
+    // The write delay (1 s) plus one write, with room for this shared machine.
+    assert!(
+        oldest <= Duration::from_secs(3),
+        "lost an ack sent {oldest:?} before the kill"
+    );
+}
+
 /// Issue 20, part 2: the nodes join the ring by themselves; then each in
 /// turn gets SIGTERM (it drains: its weight goes to 0 and its users are
 /// handed to the others), starts again and takes its weight back, as a

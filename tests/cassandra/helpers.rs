@@ -184,6 +184,17 @@ impl Server {
         self.signal("KILL");
     }
 
+    /// SIGSTOP: the process freezes (a node that stopped answering), until
+    /// [`Server::resume`].
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT, after [`Server::freeze`].
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
     /// SIGTERM without waiting: the exit comes from [`Server::wait_for_exit`].
     pub fn signal_terminate(&self) {
         self.signal("TERM");
