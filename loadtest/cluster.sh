@@ -2,21 +2,22 @@
 # A fleet of three readstates nodes on the real Cassandra (scripts/cassandra.sh),
 # measured side by side: every request entering at one node (grpc://, which
 # forwards and splits) against routing straight to owners (cluster://, by the
-# routing table), in alternating closed-loop runs; then open-loop runs at a
-# quarter of the routed rate while the ring moves slots twice (routed to
-# owners, then entering at one node), for errors, latency, how long moving
-# slots were served nowhere, store loads, the cache hit ratio and how long
-# each ring change took to be served. The nodes keep the default 30 s write
+# routing table), in alternating closed-loop runs; then open-loop runs at
+# MOVING_LOAD (default: half) of the routed rate while the ring moves slots
+# twice (routed to owners, then entering at one node), for errors, latency,
+# how long moving slots were served nowhere, store loads, the cache hit
+# ratio and how long each ring change took to be served. The nodes keep the default 30 s write
 # delay: moved users carry the last 30 s of changes unwritten.
 #
 #   loadtest/cluster.sh                    3 pairs of 10 s runs
-#   PAIRS=5 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml loadtest/cluster.sh
+#   PAIRS=5 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml MOVING_LOAD=0.25 loadtest/cluster.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PAIRS="${PAIRS:-3}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
+MOVING_LOAD="${MOVING_LOAD:-0.5}"
 OUT=target/loadtest-cluster
 KEYSPACE="readstates_bench_$(date +%s)"
 CASSANDRA="127.0.0.1:${CASSANDRA_PORT:-9042}"
@@ -110,11 +111,11 @@ counters() {
         END { print loads + 0, hits + 0, misses + 0 }'
 }
 
-# Slots moving under open-loop load at a quarter of the routed rate, after
+# Slots moving under open-loop load at MOVING_LOAD of the routed rate, after
 # the pairs' writes: moved twice (n3 to 300, back to 100) while the load is
 # routed to owners by the routing client (cluster://), then twice again
 # while it all enters at n1 (grpc://, forwarded and split there).
-rate=$(IFS=,; python3 -c "import statistics; print(int(statistics.median([${rates[*]}]) / 4))")
+rate=$(IFS=,; python3 -c "import statistics; print(int(statistics.median([${rates[*]}]) * $MOVING_LOAD))")
 for route in cluster grpc; do
     drain
     : >"$OUT/ring.out"

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The memory a warm handoff costs: two release nodes on the real Cassandra
+# (scripts/cassandra.sh), the first filled with READ_STATES read states over
+# gRPC (the workload's BulkAck preload, PER_USER to a user), all unwritten
+# (a 1 h write delay: the handoff carries every change); then the second,
+# in the ring at weight 0, takes a weight 10,000 times the first's, and the
+# first hands it nearly every user (all but about 2 of 16,384 slots) in one
+# transfer.
+# Prints each node's resident memory before, at its peak during the
+# transfer (VmHWM, reset first) and after, and the extra memory the
+# transfer took at each end: the sender's peak over what it held before,
+# the receiver's peak over what it holds after.
+#
+#   loadtest/handoff.sh                          1 M read states, 10 per user
+#   READ_STATES=2000000 PER_USER=20 loadtest/handoff.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+READ_STATES="${READ_STATES:-1000000}"
+PER_USER="${PER_USER:-10}"
+OUT=target/loadtest-handoff
+KEYSPACE="readstates_handoff_$(date +%s)"
+CASSANDRA="127.0.0.1:${CASSANDRA_PORT:-9042}"
+
+cargo build --release -p readstates -p loadtest
+RS=target/release/readstates
+LT=target/release/loadtest
+mkdir -p "$OUT"
+rm -f "$OUT"/*.log
+
+scripts/cassandra.sh start
+common=(--store cassandra --cassandra-nodes "$CASSANDRA" --keyspace "$KEYSPACE")
+"$RS" migrate "${common[@]}" --log-level warn
+
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
+trap cleanup EXIT
+for n in 1 2; do
+    "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:5030$n" \
+        --listen "127.0.0.1:5030$n" --metrics-listen "127.0.0.1:930$n" \
+        --write-delay 1h --cache-capacity $((READ_STATES * 2)) \
+        --log-format json 2>>"$OUT/n$n.log" &
+    pids+=($!)
+done
+sleep 2
+"$RS" ring "${common[@]}" add n1 127.0.0.1:50301 --weight 100 --wait 60s >/dev/null
+"$RS" ring "${common[@]}" add n2 127.0.0.1:50302 --weight 0 --wait 60s >/dev/null
+
+# The standard workload's keyspace, resized, preloaded only.
+users=$((READ_STATES / PER_USER))
+sed -e "0,/^users = .*/s//users = $users/" \
+    -e "s/^channels_per_user = .*/channels_per_user = $PER_USER/" \
+    -e "s/^get_read_states = .*/get_read_states = 0/" \
+    -e "s/^ack = .*/ack = 0/" -e "s/^bulk_ack = .*/bulk_ack = 0/" \
+    -e "s/^message_created = .*/message_created = 0/" \
+    -e "s/^warmup = .*/warmup = \"0s\"/" \
+    -e "s/^concurrency = .*/concurrency = 32/" \
+    loadtest/workloads/mixed.toml >"$OUT/workload.toml"
+"$LT" run --workload "$OUT/workload.toml" --target "n1=cluster://127.0.0.1:50301" \
+    --rate 0 --duration 1s --report "$OUT/preload.json" >/dev/null 2>>"$OUT/loadtest.log"
+
+field() { awk "/^$2:/ { print \$2 }" "/proc/$1/status"; }
+metric() { curl -s "127.0.0.1:930$1/metrics" | awk "/^$2 / { print \$2 }"; }
+held=$(metric 1 readstates_cached_read_states)
+unwritten=$(metric 1 readstates_unwritten_read_states)
+before=()
+for pid in "${pids[@]}"; do
+    before+=("$(field "$pid" VmRSS)")
+    echo 5 >"/proc/$pid/clear_refs" # resets VmHWM to the current RSS
+done
+
+started=$(date +%s.%N)
+"$RS" ring "${common[@]}" set-weight n2 1000000 --wait 300s >/dev/null
+took=$(python3 -c "print(f'{$(date +%s.%N) - $started:.1f}')")
+sleep 1
+
+python3 - "$OUT" "$held" "$unwritten" "$took" "${before[@]}" \
+    "$(field "${pids[0]}" VmHWM)" "$(field "${pids[0]}" VmRSS)" \
+    "$(field "${pids[1]}" VmHWM)" "$(field "${pids[1]}" VmRSS)" <<'PY'
+import json, sys
+out = sys.argv[1]
+held, unwritten, took = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+b1, b2, p1, a1, p2, a2 = (int(x) / 1024 for x in sys.argv[5:11])
+handed = [json.loads(l) for l in open(f"{out}/n1.log") if '"handed over"' in l]
+done = [e for e in handed if e.get("users")]
+mib = lambda x: f"{x:.0f} MiB"
+print(f"n1 held {held:.0f} read states ({unwritten:.0f} unwritten); handed to n2: "
+      f"served by n2 {took} s after the ring command; "
+      + "; ".join(f"{e['users']} users in {e['took_ms']} ms, served nowhere for {e['unserved_ms']} ms"
+                  for e in done))
+print(f"sender n1: RSS {mib(b1)} before, peak {mib(p1)}, {mib(a1)} after: "
+      f"extra at its peak {mib(p1 - b1)} ({(p1 - b1) * 1048576 / max(held, 1):.1f} B per read state moved)")
+print(f"receiver n2: RSS {mib(b2)} before, peak {mib(p2)}, {mib(a2)} after holding them: "
+      f"extra at its peak {mib(p2 - a2)} ({(p2 - a2) * 1048576 / max(held, 1):.1f} B per read state moved)")
+PY
