@@ -294,13 +294,18 @@ fn member_at(members: &Members, address: &str) -> Result<(Member, CancellationTo
 }
 
 /// `call` to a node, cut if the node stops meanwhile (its process gone).
+/// A stopping node answers nothing, even what would be ready at once (its
+/// slots, set to `NotOwner` while it writes everything, would let it answer
+/// `ReleaseSlots` before its changes are written; a process stops answering
+/// first). Biased, so that a seed replays the same way.
 async fn until_stopped<T>(
     stopped: &CancellationToken,
     call: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
     tokio::select! {
-        result = call => result,
+        biased;
         () = stopped.cancelled() => Err(Error::HandoffBroken(STOPPED.into())),
+        result = call => result,
     }
 }
 
