@@ -197,14 +197,16 @@ impl ReadStatesService {
         if let (Some(router), Some(request)) = (&self.router, again)
             && let Err(Error::NotServed { user_id, state }) = result
         {
+            let passed_on = matches!(hop, route::Hop::Forwarded(_));
             if let Some(forward) = forward
                 && let Some(answer) = router
-                    .forward(user_id, request.clone(), &hop, left(), forward)
+                    .forward(user_id, request.clone(), &hop, route::pass_on_budget(&hop, left()), forward)
                     .await
                 // The previous owner of a slot being acquired here refuses
-                // once it is releasing it: then wait for it here instead.
+                // once it is releasing it (or, passed on, does not answer
+                // within the hold): then wait for it here instead.
                 && !(state == SlotState::Acquiring
-                    && matches!(&answer, Err(s) if s.code() == tonic::Code::Unavailable))
+                    && matches!(&answer, Err(s) if route::not_applied(s, passed_on)))
             {
                 let code = answer
                     .as_ref()

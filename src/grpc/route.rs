@@ -58,6 +58,30 @@ impl Hop {
     }
 }
 
+/// What is left of a request's `budget` for sending it on after it came
+/// `hop`: all of it from a client; at most [`HOLD`] when passed on to a
+/// previous owner, which may not answer at all (frozen, cut off), as the
+/// request would have been held here that long instead.
+pub fn pass_on_budget(hop: &Hop, budget: Option<Duration>) -> Option<Duration> {
+    match hop {
+        Hop::First => budget,
+        _ => Some(budget.map_or(HOLD, |budget| budget.min(HOLD))),
+    }
+}
+
+/// Whether `status`, the answer to a request sent on, says it was not
+/// applied there (so that it may wait for the slot here): UNAVAILABLE; or,
+/// for one `passed_on` to a previous owner, also no answer in time (the
+/// change may have been applied there, and is then handed over with its
+/// user; applying it again counts nothing, as a client's retry).
+pub fn not_applied(status: &Status, passed_on: bool) -> bool {
+    match status.code() {
+        tonic::Code::Unavailable => true,
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded => passed_on,
+        _ => false,
+    }
+}
+
 /// How long a request waits for a slot being acquired.
 pub const HOLD: Duration = Duration::from_secs(2);
 const HOLD_POLL: Duration = Duration::from_millis(5);

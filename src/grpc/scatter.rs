@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use super::route::{EPOCH, HOLD, Hop, Router};
+use super::route::{EPOCH, HOLD, Hop, Router, not_applied, pass_on_budget};
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
@@ -81,9 +81,12 @@ impl Router {
                             }
                             Err(error) => Outcome::Failed(error.into()),
                         },
-                        Some(owner) => match self.send(&owner, part, hop, left, remote).await {
+                        Some(owner) => match self
+                            .send(&owner, part, hop, pass_on_budget(hop, left), remote)
+                            .await
+                        {
                             Ok(answer) => Outcome::Done(answer.into_inner()),
-                            Err(status) if status.code() == tonic::Code::Unavailable => {
+                            Err(status) if not_applied(&status, *hop != Hop::First) => {
                                 let epoch = status
                                     .metadata()
                                     .get(EPOCH)
