@@ -138,7 +138,7 @@ impl SimNode {
 #[derive(Debug, Default)]
 struct SimPeers {
     /// Each node's member, and the token that stops it (its calls cut).
-    members: Mutex<HashMap<String, (Member, CancellationToken)>>,
+    members: Members,
     rng: Mutex<Option<fastrand::Rng>>,
     /// Users installed by handoffs whose sender was told so.
     handed: std::sync::atomic::AtomicUsize,
@@ -204,6 +204,7 @@ impl Drop for Cut<'_> {
 }
 
 impl SimPeers {
+    /// What becomes of a handoff (see [`SimPeers::hand_over`]).
     async fn deliver(
         &self,
         address: &str,

@@ -8,8 +8,9 @@
 //! few rounds), then, once it has stopped and nothing changes them any
 //! more, those that changed since and those it no longer holds (`Gone`).
 //! Only users whose versions differ from what was sent of them are read
-//! out, so that the last part, while the slots are served nowhere, is short. The receiver installs each user with the time its
-//! unwritten changes were due to be written, and takes over their writing.
+//! out, so that the last part, while the slots are served nowhere, is
+//! short. The receiver installs each user with the time its unwritten
+//! changes were due to be written, and takes over their writing.
 //! Only once the receiver has them all does the sender let go of them
 //! without writing; if anything fails, the sender writes them as a release
 //! does, and the receiver drops what it installed.

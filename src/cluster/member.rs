@@ -5,9 +5,10 @@
 //! for them are forwarded to their previous owners, or held here once those
 //! refuse them). For the slots it lost, it hands their users to their new
 //! owners from memory (`HandOver`, see [`super::handoff`]): a copy ahead
-//! while it still serves them, then it stops serving them (`Releasing`:
-//! their requests are forwarded to the new owners, which hold them), lets
-//! the changes already applied finish, and sends what changed since.
+//! (in rounds) while it still serves them, then it stops serving them
+//! (`Releasing`: their requests are forwarded to the new owners, which hold
+//! them), lets the changes already applied finish, and sends what changed
+//! since.
 //! Unwritten changes, due times and deletion memory travel with the users,
 //! and the new owner writes them. Only once a new owner has them all are
 //! they dropped here unwritten; if a handoff fails, they are written to the
