@@ -647,3 +647,110 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
     drop(frozen);
     b.stop().await;
 }
+
+/// A user watched through a relay while its slot moves warm, back and
+/// forth, with changes to many channels all along: the client, subscribing
+/// again from the version of each `moved` event, ends up with exactly what
+/// the owner holds: no change fell into a gap between the streams.
+#[tokio::test]
+async fn a_watcher_that_subscribes_again_after_each_move_misses_no_change() {
+    let (store, ring) = shared();
+    let a = member("a", &store, &ring).await;
+    let b = member("b", &store, &ring).await;
+    let mut entry = member("entry", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 0).await;
+    add(&ring, "entry", &entry, 0).await;
+    // A user that moves to b when b takes half the slots.
+    let ahead = ring
+        .load()
+        .await
+        .unwrap()
+        .ring
+        .with_weight("b", 100)
+        .unwrap();
+    let user = (1..)
+        .find(|&u| ahead.owner_of(u).unwrap().id == "b")
+        .unwrap();
+    const CHANNELS: u64 = 20;
+
+    let mut watcher = Watcher::open(&entry).await;
+    watcher.subscribe(user, 0).await;
+    let writer = {
+        let mut client = entry.client.clone();
+        tokio::spawn(async move {
+            for message_id in 1..=400u64 {
+                let change = AckRequest {
+                    user_id: user,
+                    channel_id: 1 + message_id % CHANNELS,
+                    message_id,
+                    ..AckRequest::default()
+                };
+                // Not applied while the slot is served nowhere: again.
+                while let Err(status) = client.ack(change.clone()).await {
+                    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let mover = {
+        let ring = ring.clone();
+        tokio::spawn(async move {
+            for weight in [100, 0, 100, 0] {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                set_weight(&ring, "b", weight).await;
+            }
+        })
+    };
+
+    // What the client holds: channel -> last acked, from full sets and
+    // deltas, until it has seen the last change.
+    let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+    let (mut moves, mut version) = (0, 0);
+    while held.get(&(1 + 400 % CHANNELS)) != Some(&400) {
+        let event = tokio::time::timeout(Duration::from_secs(20), watcher.next())
+            .await
+            .expect("an event");
+        match event.event {
+            Some(watch_event::Event::Changed(changed)) => {
+                // Equal only in the answer to subscribing again with
+                // nothing new.
+                let nothing_new =
+                    changed.partial && changed.read_states.is_empty() && changed.deleted.is_empty();
+                assert!(
+                    changed.version > version || (changed.version == version && nothing_new),
+                    "version {} after {version}: {changed:?}",
+                    changed.version
+                );
+                version = changed.version;
+                if !changed.partial {
+                    held.clear();
+                }
+                for state in changed.read_states {
+                    held.insert(state.channel_id, state.last_acked_id);
+                }
+            }
+            Some(watch_event::Event::Moved(moved)) => {
+                moves += 1;
+                watcher.subscribe(user, moved.version).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    writer.await.unwrap();
+    mover.await.unwrap();
+    let owner: BTreeMap<u64, u64> = entry
+        .all_read_states(user)
+        .await
+        .read_states
+        .into_iter()
+        .map(|s| (s.channel_id, s.last_acked_id))
+        .collect();
+    assert!(moves >= 1, "the user never moved while watched");
+    assert_eq!(held, owner, "what the watcher holds, after {moves} moves");
+    a.stop().await;
+    b.stop().await;
+    entry.stop().await;
+}
