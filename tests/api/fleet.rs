@@ -687,7 +687,7 @@ async fn a_watcher_that_subscribes_again_after_each_move_misses_no_change() {
                     ..AckRequest::default()
                 };
                 // Not applied while the slot is served nowhere: again.
-                while let Err(status) = client.ack(change.clone()).await {
+                while let Err(status) = client.ack(change).await {
                     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
