@@ -181,6 +181,45 @@ impl Fleet {
         (acknowledged, missing, unanswered)
     }
 
+    /// After `crashed` was killed at `at`: stops the others and checks
+    /// Cassandra against `ledger` (printing the figures of `what`): only
+    /// users `crashed` owned in `owners` lost acks, and only those of its
+    /// last write delay (1 s, plus one write, with room for this shared
+    /// machine).
+    async fn stop_after_crash(
+        &mut self,
+        what: &str,
+        ledger: &Ledger,
+        crashed: &str,
+        owners: &readstates_routing::Ring,
+        at: Instant,
+    ) {
+        for server in self.servers.iter_mut().filter_map(Option::take) {
+            let _ = tokio::task::block_in_place(|| server.terminate());
+        }
+        let store = self.store().await;
+        let (acknowledged, missing) = missing_acks(&store, ledger).await;
+        let oldest = missing
+            .iter()
+            .map(|&(_, sent)| at.saturating_duration_since(sent))
+            .max()
+            .unwrap_or_default();
+        println!(
+            "{what}: {acknowledged} acks acknowledged, {} missing, the oldest sent {oldest:?} \
+             before the kill",
+            missing.len()
+        );
+        for &(user_id, _) in &missing {
+            let owner = &owners.owner_of(user_id).unwrap().id;
+            assert_eq!(owner, crashed, "user {user_id} of {owner} lost an ack");
+        }
+        assert!(acknowledged > 100, "the load ran: {acknowledged}");
+        assert!(
+            oldest <= Duration::from_secs(3),
+            "lost an ack sent {oldest:?} before the kill"
+        );
+    }
+
     async fn store(&self) -> CassandraStore {
         let mut config = config(&nodes());
         config.keyspace = self.keyspace.clone();
@@ -431,28 +470,15 @@ async fn a_crash_loses_at_most_the_write_delay_on_that_node_only() {
     };
     let routes = fleet.routes().await;
     let (ledger, crashed_at) = tokio::join!(load(routes, first, stop.clone()), crash);
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        let _ = tokio::task::block_in_place(|| server.terminate());
-    }
-    let store = fleet.store().await;
-    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
-    let mut oldest = Duration::ZERO;
-    for &(user_id, sent) in &missing {
-        let owner = &record.ring.owner_of(user_id).unwrap().id;
-        assert_eq!(owner, "n2", "user {user_id} of {owner} lost an ack");
-        oldest = oldest.max(crashed_at.saturating_duration_since(sent));
-    }
-    println!(
-        "kill -9 of one of three nodes: {acknowledged} acks acknowledged, {} missing, all of \
-         the crashed node's users, the oldest sent {oldest:?} before the kill",
-        missing.len()
-    );
-    assert!(acknowledged > 100, "the load ran: {acknowledged}");
-    // The write delay (1 s) plus one write, with room for this shared machine.
-    assert!(
-        oldest <= Duration::from_secs(3),
-        "lost an ack sent {oldest:?} before the kill"
-    );
+    fleet
+        .stop_after_crash(
+            "kill -9 of one of three nodes",
+            &ledger,
+            "n2",
+            &record.ring,
+            crashed_at,
+        )
+        .await;
 }
 
 /// A `kill -9` of a node while it hands users over: the receiver, frozen
@@ -534,29 +560,16 @@ async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only
     let routes = fleet.routes().await;
     let (ledger, (record, killed_at, handing)) =
         tokio::join!(load(routes, first, stop.clone()), kill);
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        let _ = tokio::task::block_in_place(|| server.terminate());
-    }
-    let store = fleet.store().await;
-    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
-    let mut oldest = Duration::ZERO;
-    for &(user_id, sent) in &missing {
-        let owner = &record.previous.owner_of(user_id).unwrap().id;
-        assert_eq!(owner, "n1", "user {user_id} of {owner} lost an ack");
-        oldest = oldest.max(killed_at.saturating_duration_since(sent));
-    }
-    println!(
-        "kill -9 of a node mid-handoff: {acknowledged} acks acknowledged, {} missing, all of \
-         the killed node's users, the oldest sent {oldest:?} before the kill",
-        missing.len()
-    );
-    assert!(acknowledged > 100, "the load ran: {acknowledged}");
     assert!(handing, "n1 was not handing users over when killed");
-    // The write delay (1 s) plus one write, with room for this shared machine.
-    assert!(
-        oldest <= Duration::from_secs(3),
-        "lost an ack sent {oldest:?} before the kill"
-    );
+    fleet
+        .stop_after_crash(
+            "kill -9 of a node mid-handoff",
+            &ledger,
+            "n1",
+            &record.previous,
+            killed_at,
+        )
+        .await;
 }
 
 /// Issue 20, part 2: the nodes join the ring by themselves; then each in
