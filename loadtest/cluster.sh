@@ -19,32 +19,9 @@ DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
 MOVING_LOAD="${MOVING_LOAD:-0.5}"
 OUT=target/loadtest-cluster
-KEYSPACE="readstates_bench_$(date +%s)"
-CASSANDRA="127.0.0.1:${CASSANDRA_PORT:-9042}"
 
-cargo build --release -p readstates -p loadtest
-RS=target/release/readstates
-LT=target/release/loadtest
-mkdir -p "$OUT"
-rm -f "$OUT"/*.log
-
-scripts/cassandra.sh start
-common=(--store cassandra --cassandra-nodes "$CASSANDRA" --keyspace "$KEYSPACE")
-"$RS" migrate "${common[@]}" --log-level warn
-
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-for n in 1 2 3; do
-    "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:5020$n" \
-        --listen "127.0.0.1:5020$n" --metrics-listen "127.0.0.1:920$n" \
-        --log-format json 2>>"$OUT/n$n.log" &
-    pids+=($!)
-done
-sleep 2
+source loadtest/lib.sh
+start_fleet "$OUT" 3 5020
 for n in 1 2 3; do
     "$RS" ring "${common[@]}" add "n$n" "127.0.0.1:5020$n" --weight 100 --wait 60s >/dev/null
 done

@@ -20,6 +20,7 @@ GRPC=127.0.0.1:50171
 METRICS=127.0.0.1:9191
 OUT=target/loadtest-footprint
 mkdir -p "$OUT"
+source loadtest/lib.sh
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
@@ -27,14 +28,7 @@ for per_user in $PER_USER; do
     users=$((READ_STATES / per_user))
     # The standard workload's keyspace, resized; the measured second only
     # reads badge counts, so it adds nothing.
-    sed -e "0,/^users = .*/s//users = $users/" \
-        -e "s/^channels_per_user = .*/channels_per_user = $per_user/" \
-        -e "s/^get_read_states = .*/get_read_states = 0/" \
-        -e "s/^ack = .*/ack = 0/" -e "s/^bulk_ack = .*/bulk_ack = 0/" \
-        -e "s/^message_created = .*/message_created = 0/" \
-        -e "s/^warmup = .*/warmup = \"0s\"/" \
-        -e "s/^concurrency = .*/concurrency = 32/" \
-        loadtest/workloads/mixed.toml >"$OUT/workload.toml"
+    preload_workload "$users" "$per_user" >"$OUT/workload.toml"
     for build in $BUILDS; do
         "$build" serve --store memory --write-delay 1h --cache-capacity $((READ_STATES * 2)) \
             --listen "$GRPC" --metrics-listen "$METRICS" --log-level warn 2>>"$OUT/readstates.log" &

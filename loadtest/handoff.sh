@@ -19,46 +19,14 @@ cd "$(dirname "$0")/.."
 READ_STATES="${READ_STATES:-1000000}"
 PER_USER="${PER_USER:-10}"
 OUT=target/loadtest-handoff
-KEYSPACE="readstates_handoff_$(date +%s)"
-CASSANDRA="127.0.0.1:${CASSANDRA_PORT:-9042}"
 
-cargo build --release -p readstates -p loadtest
-RS=target/release/readstates
-LT=target/release/loadtest
-mkdir -p "$OUT"
-rm -f "$OUT"/*.log
-
-scripts/cassandra.sh start
-common=(--store cassandra --cassandra-nodes "$CASSANDRA" --keyspace "$KEYSPACE")
-"$RS" migrate "${common[@]}" --log-level warn
-
-pids=()
-cleanup() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-}
-trap cleanup EXIT
-for n in 1 2; do
-    "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:5030$n" \
-        --listen "127.0.0.1:5030$n" --metrics-listen "127.0.0.1:930$n" \
-        --write-delay 1h --cache-capacity $((READ_STATES * 2)) \
-        --log-format json 2>>"$OUT/n$n.log" &
-    pids+=($!)
-done
-sleep 2
+source loadtest/lib.sh
+start_fleet "$OUT" 2 5030 --write-delay 1h --cache-capacity $((READ_STATES * 2))
 "$RS" ring "${common[@]}" add n1 127.0.0.1:50301 --weight 100 --wait 60s >/dev/null
 "$RS" ring "${common[@]}" add n2 127.0.0.1:50302 --weight 0 --wait 60s >/dev/null
 
 # The standard workload's keyspace, resized, preloaded only.
-users=$((READ_STATES / PER_USER))
-sed -e "0,/^users = .*/s//users = $users/" \
-    -e "s/^channels_per_user = .*/channels_per_user = $PER_USER/" \
-    -e "s/^get_read_states = .*/get_read_states = 0/" \
-    -e "s/^ack = .*/ack = 0/" -e "s/^bulk_ack = .*/bulk_ack = 0/" \
-    -e "s/^message_created = .*/message_created = 0/" \
-    -e "s/^warmup = .*/warmup = \"0s\"/" \
-    -e "s/^concurrency = .*/concurrency = 32/" \
-    loadtest/workloads/mixed.toml >"$OUT/workload.toml"
+preload_workload $((READ_STATES / PER_USER)) "$PER_USER" >"$OUT/workload.toml"
 "$LT" run --workload "$OUT/workload.toml" --target "n1=cluster://127.0.0.1:50301" \
     --rate 0 --duration 1s --report "$OUT/preload.json" >/dev/null 2>>"$OUT/loadtest.log"
 

@@ -1,0 +1,49 @@
+# Shared by the load scripts (sourced, not run): a fleet of release nodes on
+# the real Cassandra, and the standard workload resized for a preload.
+
+# preload_workload USERS PER_USER: the standard workload's keyspace with
+# USERS users of PER_USER read states, every request kind off, so that a
+# run only preloads (BulkAck of every channel of every user).
+preload_workload() {
+    sed -e "0,/^users = .*/s//users = $1/" \
+        -e "s/^channels_per_user = .*/channels_per_user = $2/" \
+        -e "s/^get_read_states = .*/get_read_states = 0/" \
+        -e "s/^ack = .*/ack = 0/" -e "s/^bulk_ack = .*/bulk_ack = 0/" \
+        -e "s/^message_created = .*/message_created = 0/" \
+        -e "s/^warmup = .*/warmup = \"0s\"/" \
+        -e "s/^concurrency = .*/concurrency = 32/" \
+        loadtest/workloads/mixed.toml
+}
+
+# start_fleet OUT NODES PORTS [SERVE ARGS...]: builds the release binaries
+# ($RS, $LT), starts Cassandra, migrates a fresh keyspace and starts NODES
+# nodes n1..nN (PORTS 5020: gRPC on 127.0.0.1:5020N, metrics on
+# 127.0.0.1:920N; JSON logs in OUT/nN.log), killed on exit. Sets $common (the store settings every `readstates` command takes)
+# and $pids.
+start_fleet() {
+    local out=$1 nodes=$2 prefix=$3
+    shift 3
+    cargo build --release -p readstates -p loadtest
+    RS=target/release/readstates
+    LT=target/release/loadtest
+    mkdir -p "$out"
+    rm -f "$out"/*.log
+    scripts/cassandra.sh start
+    common=(--store cassandra --cassandra-nodes "127.0.0.1:${CASSANDRA_PORT:-9042}"
+        --keyspace "readstates_bench_$(date +%s)")
+    "$RS" migrate "${common[@]}" --log-level warn
+    pids=()
+    trap stop_fleet EXIT
+    for n in $(seq 1 "$nodes"); do
+        "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:$prefix$n" \
+            --listen "127.0.0.1:$prefix$n" --metrics-listen "127.0.0.1:9${prefix#50}$n" \
+            --log-format json "$@" 2>>"$out/n$n.log" &
+        pids+=($!)
+    done
+    sleep 2
+}
+
+stop_fleet() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+}
