@@ -53,12 +53,24 @@ async fn add(ring: &MemoryRingStore, id: &str, app: &TestApp, weight: u32) -> u6
 }
 
 async fn set_weight(ring: &MemoryRingStore, id: &str, weight: u32) -> u64 {
+    let record = reweigh(ring, id, weight).await;
+    served(ring, record.ring.epoch()).await
+}
+
+/// Gives node `id` weight `weight`: the new record, its slots not served yet.
+pub async fn reweigh(ring: &MemoryRingStore, id: &str, weight: u32) -> RingRecord {
     let change = RingChange::SetWeight {
         node: id.to_owned(),
         weight,
     };
-    let record = admin::change(ring, change).await.unwrap();
-    served(ring, record.ring.epoch()).await
+    admin::change(ring, change).await.unwrap()
+}
+
+/// Waits until `app` has adopted `epoch` (it may still be acquiring).
+pub async fn adopted(app: &mut TestApp, epoch: u64) {
+    while epoch_of(app).await < epoch {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 async fn served(ring: &MemoryRingStore, epoch: u64) -> u64 {
@@ -202,9 +214,7 @@ async fn a_dead_owner_holds_its_slots_until_released_by_force() {
     // Once b is in epoch 3 (acquiring), a request goes to a, which serves
     // the slot until it releases it: a is gone, so it is refused at once,
     // not applied.
-    while epoch_of(&mut b).await < 3 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    adopted(&mut b, 3).await;
     let refused = b.client.ack(ack(user, 8)).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     // One forwarded by another node (it cannot go on) is held about 2 s,
@@ -540,18 +550,8 @@ async fn a_request_forwarded_to_a_new_owner_still_acquiring_is_served_by_the_pre
     add(&ring, "b", &b, 0).await;
     // x stays in the epoch before b takes half its slots.
     lagging.hold(Some(ring.load().await.unwrap()));
-    let record = admin::change(
-        &*ring,
-        RingChange::SetWeight {
-            node: "b".into(),
-            weight: 100,
-        },
-    )
-    .await
-    .unwrap();
-    while epoch_of(&mut b).await < record.ring.epoch() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let record = reweigh(&ring, "b", 100).await;
+    adopted(&mut b, record.ring.epoch()).await;
     let moving = (1..)
         .find(|&u| record.ring.owner_of(u).unwrap().id == "b")
         .unwrap();
@@ -632,14 +632,8 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
         .await
         .unwrap();
     ring.report("x", record.ring.epoch()).await.unwrap();
-    let change = RingChange::SetWeight {
-        node: "b".into(),
-        weight: 100,
-    };
-    let record = admin::change(&*ring, change).await.unwrap();
-    while epoch_of(&mut b).await < record.ring.epoch() {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let record = reweigh(&ring, "b", 100).await;
+    adopted(&mut b, record.ring.epoch()).await;
     let user = (1..)
         .find(|&u| record.ring.owner_of(u).unwrap().id == "b")
         .unwrap();

@@ -24,7 +24,7 @@ use readstates_routing::{Node, slot_of};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::fleet::{epoch_of, first_read_state};
+use crate::fleet::{adopted, first_read_state, reweigh};
 use crate::helpers::{TestApp, spawn_member, test_config};
 
 /// A stand-in for an old owner "x": answers ReleaseSlots once told to.
@@ -115,19 +115,9 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
     admin::change(&*ring, RingChange::Add(bn)).await.unwrap();
     ring.report("x", 2).await.unwrap();
     ring.report("b", 2).await.unwrap();
-    let record = admin::change(
-        &*ring,
-        RingChange::SetWeight {
-            node: "b".into(),
-            weight: 100,
-        },
-    )
-    .await
-    .unwrap();
+    let record = reweigh(&ring, "b", 100).await;
     let epoch = record.ring.epoch();
-    while epoch_of(&mut b).await < epoch {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    adopted(&mut b, epoch).await;
     let user = (1..)
         .find(|&u| {
             record.ring.owner_of(u).unwrap().id == "b"
