@@ -296,6 +296,10 @@ settings! {
     /// whose event would not fit gets a resync event instead.
     #[arg(long, env = "READSTATES_WATCH_BUFFER")]
     watch_buffer: usize = 1_024;
+    /// Apply streams a node serves at once; one more gets RESOURCE_EXHAUSTED.
+    /// Each holds at most a few batches of up to 1,000 items.
+    #[arg(long, env = "READSTATES_MAX_APPLY_STREAMS")]
+    max_apply_streams: usize = 1_024;
     /// How long shutdown keeps trying to write unwritten changes.
     #[arg(long, env = "READSTATES_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -411,6 +415,7 @@ impl Config {
             ("max_concurrent_requests", self.max_concurrent_requests),
             ("deletion_dedup_capacity", self.deletion_dedup_capacity),
             ("watch_buffer", self.watch_buffer),
+            ("max_apply_streams", self.max_apply_streams),
         ];
         for (name, value) in positive {
             if value == 0 {

@@ -7,6 +7,7 @@
 
 mod ack;
 mod ack_all;
+mod apply;
 mod bulk_ack;
 mod convert;
 mod deadline;
@@ -31,6 +32,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -53,6 +55,8 @@ pub struct ServiceConfig {
     pub watch_buffer: usize,
     /// This node's id (`standalone` without one), a label of its metrics.
     pub node: String,
+    /// Apply streams served at once.
+    pub max_apply_streams: usize,
 }
 
 impl From<&Config> for ServiceConfig {
@@ -64,6 +68,7 @@ impl From<&Config> for ServiceConfig {
                 .node_id
                 .clone()
                 .unwrap_or_else(|| "standalone".to_owned()),
+            max_apply_streams: config.max_apply_streams,
         }
     }
 }
@@ -76,6 +81,10 @@ pub struct ReadStatesService {
     /// Cancelled when shutdown begins: Watch streams end with UNAVAILABLE.
     stopping: CancellationToken,
     metrics: Arc<Methods>,
+    /// Each Apply item kind's metrics.
+    item_metrics: Arc<apply::ItemMetrics>,
+    /// Bounds the Apply streams.
+    apply_streams: Arc<Semaphore>,
     /// A fleet node's ring and peers; `None` when standalone.
     router: Option<route::Router>,
 }
@@ -93,6 +102,7 @@ struct Methods {
     message_deleted: MethodMetrics,
     set_muted: MethodMetrics,
     watch: MethodMetrics,
+    apply: MethodMetrics,
     get_routing_table: MethodMetrics,
 }
 
@@ -109,10 +119,35 @@ impl Methods {
             message_deleted: MethodMetrics::new("MessageDeleted", node),
             set_muted: MethodMetrics::new("SetMuted", node),
             watch: MethodMetrics::new("Watch", node),
+            apply: MethodMetrics::new("Apply", node),
             get_routing_table: MethodMetrics::new("GetRoutingTable", node),
         }
     }
 }
+
+/// Where a request came from and how long it may take: read from a unary
+/// call's metadata, or from an Apply stream's and its batch's.
+#[derive(Clone, Debug)]
+struct Origin {
+    started: Instant,
+    until: Option<Instant>,
+    hop: route::Hop,
+}
+
+impl Origin {
+    fn of(metadata: &MetadataMap) -> Origin {
+        let started = Instant::now();
+        Origin {
+            started,
+            until: deadline::budget(metadata).map(|budget| started + budget),
+            hop: route::Hop::of(metadata),
+        }
+    }
+}
+
+/// The `forward` of a request that is not sent on.
+type NoForward<Req, Resp> =
+    fn(ReadStatesClient<Channel>, Request<Req>) -> Ready<Result<Response<Resp>, Status>>;
 
 impl ReadStatesService {
     pub fn new(
@@ -124,10 +159,12 @@ impl ReadStatesService {
         ReadStatesService {
             cache,
             in_progress: Arc::new(Semaphore::new(config.max_in_progress)),
-            config,
             stopping,
             metrics: Arc::new(metrics),
+            item_metrics: Arc::new(apply::ItemMetrics::new(&config.node)),
+            apply_streams: Arc::new(Semaphore::new(config.max_apply_streams)),
             router: None,
+            config,
         }
     }
 
@@ -137,22 +174,30 @@ impl ReadStatesService {
         self
     }
 
-    /// Runs a request that is not forwarded (one touching many users is
-    /// split by owner instead).
-    async fn call<Req, Resp, F>(
+    /// [`Self::run_routed`], for a unary call.
+    async fn call_routed<Req, Resp, F, Fwd, FwdFut>(
         &self,
         metrics: &MethodMetrics,
         request: Request<Req>,
         handler: impl Fn(Arc<Cache>, Req) -> F,
+        forward: Fwd,
     ) -> Result<Response<Resp>, Status>
     where
         Req: Clone,
         F: Future<Output = Result<Resp, Error>>,
+        Fwd: Fn(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
+        FwdFut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        type NoForward<Req, Resp> =
-            fn(ReadStatesClient<Channel>, Request<Req>) -> Ready<Result<Response<Resp>, Status>>;
-        self.call_routed(metrics, request, handler, None::<NoForward<Req, Resp>>)
-            .await
+        let origin = Origin::of(request.metadata());
+        self.run_routed(
+            metrics,
+            origin,
+            request.into_inner(),
+            handler,
+            Some(forward),
+        )
+        .await
+        .map(Response::new)
     }
 
     /// Runs a request: bounds the requests in progress, enforces the
@@ -161,24 +206,25 @@ impl ReadStatesService {
     /// whose slot is being acquired waits for it (see [`route::HOLD`]), and
     /// one for a user served elsewhere goes to its owner with `forward`,
     /// unless it was forwarded already.
-    async fn call_routed<Req, Resp, F, Fwd, FwdFut>(
+    async fn run_routed<Req, Resp, F, Fwd, FwdFut>(
         &self,
         metrics: &MethodMetrics,
-        request: Request<Req>,
+        origin: Origin,
+        request: Req,
         handler: impl Fn(Arc<Cache>, Req) -> F,
         forward: Option<Fwd>,
-    ) -> Result<Response<Resp>, Status>
+    ) -> Result<Resp, Status>
     where
         Req: Clone,
         F: Future<Output = Result<Resp, Error>>,
         Fwd: Fn(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
         FwdFut: Future<Output = Result<Response<Resp>, Status>>,
     {
-        let started = Instant::now();
-        let budget = deadline::budget(request.metadata());
-        let until = budget.map(|budget| started + budget);
-        let hop = route::Hop::of(request.metadata());
-        let request = request.into_inner();
+        let Origin {
+            started,
+            until,
+            hop,
+        } = origin;
         // Kept only where the request may have to be sent on.
         let goes_on = match hop {
             route::Hop::First => true,
@@ -212,7 +258,7 @@ impl ReadStatesService {
                     .as_ref()
                     .map_or_else(Status::code, |_| tonic::Code::Ok);
                 metrics.record(code, started.elapsed());
-                return answer;
+                return answer.map(Response::into_inner);
             }
             if state == SlotState::Acquiring && router.hold(user_id, until).await {
                 result = self.run(request, left(), &handler).await;
@@ -222,18 +268,13 @@ impl ReadStatesService {
             .as_ref()
             .map_or_else(Error::code, |_| tonic::Code::Ok);
         metrics.record(code, started.elapsed());
-        result
-            .map(Response::new)
-            .map_err(|error| match (&self.router, &error) {
-                (Some(router), Error::NotServed { user_id, .. }) => {
-                    router.refusal(&error, *user_id)
-                }
-                _ => Status::from(error),
-            })
+        result.map_err(|error| match (&self.router, &error) {
+            (Some(router), Error::NotServed { user_id, .. }) => router.refusal(&error, *user_id),
+            _ => Status::from(error),
+        })
     }
 
-    /// Splits a request touching many users by owner (on a fleet node, for
-    /// a request not forwarded already; see [`scatter`]), or runs it here.
+    /// [`Self::run_scattered`], for a unary call.
     async fn call_scattered<Req, F, Remote, RemoteFut>(
         &self,
         metrics: &MethodMetrics,
@@ -247,25 +288,58 @@ impl ReadStatesService {
         Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
         RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
     {
-        let hop = route::Hop::of(request.metadata());
-        let router = match (&self.router, &hop) {
+        let origin = Origin::of(request.metadata());
+        self.run_scattered(metrics, origin, request.into_inner(), handler, remote)
+            .await
+            .map(Response::new)
+    }
+
+    /// Splits a request touching many users by owner (on a fleet node, for
+    /// a request not forwarded already; see [`scatter`]), or runs it here.
+    async fn run_scattered<Req, F, Remote, RemoteFut>(
+        &self,
+        metrics: &MethodMetrics,
+        origin: Origin,
+        request: Req,
+        handler: impl Fn(Arc<Cache>, Req) -> F,
+        remote: Remote,
+    ) -> Result<Req::Response, Status>
+    where
+        Req: Scatter,
+        F: Future<Output = Result<Req::Response, Error>>,
+        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
+        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
+    {
+        let router = match (&self.router, &origin.hop) {
             (Some(router), route::Hop::First) => router,
             // A part forwarded here goes on only for users whose slot this
             // node is acquiring (see [`route::Router::next`]).
-            (Some(router), route::Hop::Forwarded(_))
+            (Some(router), hop @ route::Hop::Forwarded(_))
                 if request
-                    .get_ref()
                     .users()
-                    .is_ok_and(|users| users.iter().any(|&u| router.next(u, &hop).is_some())) =>
+                    .is_ok_and(|users| users.iter().any(|&u| router.next(u, hop).is_some())) =>
             {
                 router
             }
-            _ => return self.call(metrics, request, handler).await,
+            _ => {
+                return self
+                    .run_routed(
+                        metrics,
+                        origin,
+                        request,
+                        handler,
+                        None::<NoForward<Req, Req::Response>>,
+                    )
+                    .await;
+            }
         };
-        let started = Instant::now();
-        let until = deadline::budget(request.metadata()).map(|budget| started + budget);
+        let Origin {
+            started,
+            until,
+            hop,
+        } = origin;
         let scattering = router.scatter(
-            request.into_inner(),
+            request,
             &hop,
             until,
             |part| self.run_held(part, until, &handler),
@@ -281,7 +355,7 @@ impl ReadStatesService {
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);
         metrics.record(code, started.elapsed());
-        result.map(Response::new)
+        result
     }
 
     /// [`Self::run`], and once more after waiting for the user's slot if it
@@ -346,27 +420,14 @@ impl ReadStates for ReadStatesService {
             &self.metrics.get_read_states,
             request,
             get_read_states::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.get_read_states(request).await
-                },
-            ),
+            get_read_states::forward,
         )
         .await
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
-        self.call_routed(
-            &self.metrics.ack,
-            request,
-            ack::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.ack(request).await
-                },
-            ),
-        )
-        .await
+        self.call_routed(&self.metrics.ack, request, ack::handle, ack::forward)
+            .await
     }
 
     async fn bulk_ack(
@@ -377,11 +438,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.bulk_ack,
             request,
             bulk_ack::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.bulk_ack(request).await
-                },
-            ),
+            bulk_ack::forward,
         )
         .await
     }
@@ -394,7 +451,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.message_created,
             request,
             message_created::handle,
-            |mut client, request| async move { client.message_created(request).await },
+            message_created::forward,
         )
         .await
     }
@@ -407,11 +464,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.delete_read_states,
             request,
             delete_read_states::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.delete_read_states(request).await
-                },
-            ),
+            delete_read_states::forward,
         )
         .await
     }
@@ -424,7 +477,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.get_badge_counts,
             request,
             get_badge_counts::handle,
-            |mut client, request| async move { client.get_badge_counts(request).await },
+            get_badge_counts::forward,
         )
         .await
     }
@@ -437,11 +490,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.ack_all,
             request,
             ack_all::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.ack_all(request).await
-                },
-            ),
+            ack_all::forward,
         )
         .await
     }
@@ -454,7 +503,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.message_deleted,
             request,
             message_deleted::handle,
-            |mut client, request| async move { client.message_deleted(request).await },
+            message_deleted::forward,
         )
         .await
     }
@@ -467,11 +516,7 @@ impl ReadStates for ReadStatesService {
             &self.metrics.set_muted,
             request,
             set_muted::handle,
-            Some(
-                |mut client: ReadStatesClient<Channel>, request| async move {
-                    client.set_muted(request).await
-                },
-            ),
+            set_muted::forward,
         )
         .await
     }
@@ -499,6 +544,32 @@ impl ReadStates for ReadStatesService {
         );
         self.metrics
             .watch
+            .record(tonic::Code::Ok, started.elapsed());
+        Ok(Response::new(stream))
+    }
+
+    type ApplyStream = apply::ApplyStream;
+
+    /// Like Watch, a stream takes no permit of its own (each item does) and
+    /// its status is recorded when it starts.
+    async fn apply(
+        &self,
+        request: Request<Streaming<ApplyRequest>>,
+    ) -> Result<Response<Self::ApplyStream>, Status> {
+        let started = Instant::now();
+        let Ok(permit) = self.apply_streams.clone().try_acquire_owned() else {
+            let status = Status::resource_exhausted(format!(
+                "this node serves {} Apply streams, the most it takes; retry later or use \
+                 fewer streams",
+                self.config.max_apply_streams
+            ));
+            self.metrics.apply.record(status.code(), started.elapsed());
+            return Err(status);
+        };
+        let hop = route::Hop::of(request.metadata());
+        let stream = apply::handle(self.clone(), request.into_inner(), hop, permit);
+        self.metrics
+            .apply
             .record(tonic::Code::Ok, started.elapsed());
         Ok(Response::new(stream))
     }

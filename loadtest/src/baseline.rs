@@ -9,6 +9,7 @@ use anyhow::Context;
 use readstates::proto::read_states_server::{ReadStates, ReadStatesServer};
 use readstates::proto::*;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status};
 
 #[derive(Debug, Clone)]
@@ -96,17 +97,7 @@ impl ReadStates for BaselineService {
         &self,
         request: Request<GetBadgeCountsRequest>,
     ) -> Result<Response<GetBadgeCountsResponse>, Status> {
-        let counts = request
-            .get_ref()
-            .user_ids
-            .iter()
-            .map(|&user_id| BadgeCount {
-                user_id,
-                total_mention_count: 1,
-                unread_channel_count: 1,
-            })
-            .collect();
-        Ok(Response::new(GetBadgeCountsResponse { counts }))
+        Ok(Response::new(badge_counts(&request.get_ref().user_ids)))
     }
 
     async fn ack_all(&self, _: Request<AckAllRequest>) -> Result<Response<AckAllResponse>, Status> {
@@ -147,6 +138,29 @@ impl ReadStates for BaselineService {
         Ok(Response::new(tokio_stream::pending()))
     }
 
+    type ApplyStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<ApplyResponse, Status>> + Send>>;
+
+    /// Each batch answered at once, every item with its canned answer.
+    async fn apply(
+        &self,
+        request: Request<tonic::Streaming<ApplyRequest>>,
+    ) -> Result<Response<Self::ApplyStream>, Status> {
+        let service = self.clone();
+        let answers = request.into_inner().map(move |batch| {
+            let results = batch?
+                .items
+                .into_iter()
+                .map(|item| ApplyResult {
+                    id: item.id,
+                    outcome: item.change.map(|change| service.outcome(change)),
+                })
+                .collect();
+            Ok(ApplyResponse { results })
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+
     /// Standalone, as a readstates node without `--node-id` answers.
     async fn get_routing_table(
         &self,
@@ -154,6 +168,58 @@ impl ReadStates for BaselineService {
     ) -> Result<Response<GetRoutingTableResponse>, Status> {
         Ok(Response::new(GetRoutingTableResponse::default()))
     }
+}
+
+impl BaselineService {
+    /// The canned answer to one Apply item, as its unary call's.
+    fn outcome(&self, change: apply_item::Change) -> apply_result::Outcome {
+        use apply_item::Change as C;
+        use apply_result::Outcome as O;
+        let one = self.one;
+        match change {
+            C::Ack(_) => O::Ack(AckResponse {
+                applied: true,
+                version: one.version,
+                read_state: Some(one),
+            }),
+            C::BulkAck(r) => O::BulkAck(BulkAckResponse {
+                version: one.version,
+                read_states: vec![one; r.entries.len()],
+            }),
+            C::MessageCreated(r) => O::MessageCreated(MessageCreatedResponse {
+                updated: (r.mentioned_user_ids.len() + r.unread_user_ids.len()) as u32,
+            }),
+            C::MessageDeleted(r) => O::MessageDeleted(MessageDeletedResponse {
+                updated: (r.mentioned_user_ids.len() + r.unread_user_ids.len()) as u32,
+            }),
+            C::AckAll(_) => O::AckAll(AckAllResponse {
+                version: one.version,
+                updated: 1,
+            }),
+            C::SetMuted(_) => O::SetMuted(SetMutedResponse {
+                applied: true,
+                version: one.version,
+                read_state: Some(one),
+            }),
+            C::DeleteReadStates(_) => O::DeleteReadStates(DeleteReadStatesResponse {
+                version: one.version,
+                deleted: 1,
+            }),
+            C::GetBadgeCounts(r) => O::GetBadgeCounts(badge_counts(&r.user_ids)),
+        }
+    }
+}
+
+fn badge_counts(user_ids: &[u64]) -> GetBadgeCountsResponse {
+    let counts = user_ids
+        .iter()
+        .map(|&user_id| BadgeCount {
+            user_id,
+            total_mention_count: 1,
+            unread_channel_count: 1,
+        })
+        .collect();
+    GetBadgeCountsResponse { counts }
 }
 
 /// Serves the baseline on `listener` until the process ends, with the same

@@ -1,5 +1,8 @@
 //! `GetBadgeCounts`: the app-badge numbers of many users, for push services.
 
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -7,6 +10,7 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
+use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{BadgeCount, GetBadgeCountsRequest, GetBadgeCountsResponse};
 
 pub async fn handle(
@@ -34,6 +38,14 @@ pub async fn handle(
             })
             .collect(),
     })
+}
+
+/// Sends the request to the node that serves its users.
+pub async fn forward(
+    mut client: ReadStatesClient<Channel>,
+    request: Request<GetBadgeCountsRequest>,
+) -> Result<Response<GetBadgeCountsResponse>, Status> {
+    client.get_badge_counts(request).await
 }
 
 impl Scatter for GetBadgeCountsRequest {

@@ -2,6 +2,9 @@
 //! and marks the channel read for its author. A redelivery counts nothing:
 //! each read state counts only messages past its watermark.
 
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -10,6 +13,7 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
+use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{MessageCreatedRequest, MessageCreatedResponse};
 use crate::read_state::Key;
 
@@ -38,6 +42,14 @@ pub async fn handle(
     Ok(MessageCreatedResponse {
         updated: changed.into_iter().filter(|&c| c).count() as u32,
     })
+}
+
+/// Sends the request to the node that serves its users.
+pub async fn forward(
+    mut client: ReadStatesClient<Channel>,
+    request: Request<MessageCreatedRequest>,
+) -> Result<Response<MessageCreatedResponse>, Status> {
+    client.message_created(request).await
 }
 
 impl Scatter for MessageCreatedRequest {

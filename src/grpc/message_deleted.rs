@@ -3,6 +3,9 @@
 //! [`crate::recent_deletions`]), so a retry within the window, however it
 //! lists the users, lowers nobody twice.
 
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -11,6 +14,7 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
+use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{MessageDeletedRequest, MessageDeletedResponse};
 use crate::read_state::Key;
 use crate::recent_deletions::Deletion;
@@ -40,6 +44,14 @@ pub async fn handle(
     Ok(MessageDeletedResponse {
         updated: lowered.into_iter().filter(|&l| l).count() as u32,
     })
+}
+
+/// Sends the request to the node that serves its users.
+pub async fn forward(
+    mut client: ReadStatesClient<Channel>,
+    request: Request<MessageDeletedRequest>,
+) -> Result<Response<MessageDeletedResponse>, Status> {
+    client.message_deleted(request).await
 }
 
 impl Scatter for MessageDeletedRequest {

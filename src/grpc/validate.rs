@@ -15,6 +15,7 @@ pub const MAX_MESSAGE_USERS: usize = 10_000;
 pub const MAX_DELETE_KEYS: usize = 1_000;
 pub const MAX_BADGE_USERS: usize = 1_000;
 pub const MAX_WATCHED_USERS_PER_STREAM: usize = 100_000;
+pub const MAX_APPLY_ITEMS: usize = 1_000;
 
 /// A snowflake id, which is never 0.
 pub fn id(field: impl Display, value: u64) -> Result<u64, Error> {

@@ -21,6 +21,10 @@ use readstates_routing::client::FleetClient;
 use readstates_routing::{Node, slot_of};
 use tonic::Code;
 
+use readstates::proto::apply_item::Change;
+use readstates::proto::apply_result::Outcome;
+
+use crate::apply::Applier;
 use crate::helpers::{TestApp, spawn_member, test_config};
 use crate::watch::Watcher;
 
@@ -773,4 +777,100 @@ async fn a_watcher_that_subscribes_again_after_each_move_misses_no_change() {
     a.stop().await;
     b.stop().await;
     entry.stop().await;
+}
+
+/// An Apply stream at one node applies items for users served anywhere,
+/// also while their slots move: every item answered OK stays applied.
+#[tokio::test]
+async fn an_apply_stream_reaches_users_on_every_node_while_slots_move() {
+    let (store, ring) = shared();
+    let a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    let users: Vec<u64> = (1..=40).collect();
+    let record = ring.load().await.unwrap();
+    let on_b = users
+        .iter()
+        .filter(|&&u| record.ring.owner_of(u).unwrap().id == "b")
+        .count();
+    assert!((5..=35).contains(&on_b), "{on_b} of 40 on b");
+    let mut stream = Applier::open(&a).await;
+    let created = MessageCreatedRequest {
+        channel_id: 9,
+        message_id: 100,
+        author_id: 41,
+        mentioned_user_ids: users[..10].to_vec(),
+        unread_user_ids: users[10..].to_vec(),
+        ..MessageCreatedRequest::default()
+    };
+    let outcomes = stream
+        .apply(vec![
+            Change::MessageCreated(created.clone()),
+            Change::MessageCreated(created),
+            Change::GetBadgeCounts(GetBadgeCountsRequest {
+                user_ids: users.clone(),
+            }),
+        ])
+        .await;
+    assert!(matches!(&outcomes[0], Outcome::MessageCreated(r) if r.updated == 41));
+    assert!(
+        matches!(&outcomes[1], Outcome::MessageCreated(r) if r.updated == 0),
+        "a redelivery counts nothing"
+    );
+    let Outcome::GetBadgeCounts(badges) = &outcomes[2] else {
+        panic!("{:?}", outcomes[2]);
+    };
+    let mentions: Vec<u64> = badges
+        .counts
+        .iter()
+        .map(|c| c.total_mention_count)
+        .collect();
+    assert_eq!(
+        mentions,
+        users
+            .iter()
+            .map(|&u| u64::from(u <= 10))
+            .collect::<Vec<_>>()
+    );
+
+    // Acks of every user in batches, while b's slots move to a and back.
+    let mut acked: BTreeMap<u64, u64> = BTreeMap::new();
+    let mover = tokio::spawn({
+        let ring = ring.clone();
+        async move {
+            set_weight(&ring, "b", 0).await;
+            set_weight(&ring, "b", 100).await;
+        }
+    });
+    let mut message_id = 1_000;
+    while !mover.is_finished() || message_id < 1_100 {
+        message_id += 1;
+        let changes = users
+            .iter()
+            .map(|&u| Change::Ack(ack(u, message_id)))
+            .collect();
+        for (user, outcome) in users.iter().zip(stream.apply(changes).await) {
+            match outcome {
+                Outcome::Ack(r) => {
+                    assert!(r.applied, "user {user}");
+                    acked.insert(*user, message_id);
+                }
+                Outcome::Error(e) => assert_eq!(e.code, Code::Unavailable as i32, "{e:?}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    mover.await.unwrap();
+    assert_eq!(acked.len(), users.len(), "every user acked at least once");
+    for (&user, &last) in &acked {
+        let state = first_read_state(&mut b, user).await.unwrap();
+        assert!(
+            state.last_acked_id >= last,
+            "user {user}: {} < {last}",
+            state.last_acked_id
+        );
+    }
+    a.stop().await;
+    b.stop().await;
 }

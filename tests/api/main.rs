@@ -1,6 +1,7 @@
 //! End-to-end tests: the real server on port 0, called over gRPC.
 
 mod ack;
+mod apply;
 mod bad_input;
 mod bulk_ack;
 mod delete_read_states;

@@ -1,0 +1,345 @@
+//! `Apply`: changes in batches on one long-lived stream. Each item is the
+//! unary call of its kind, run by the same handler through the same
+//! routing, so it means exactly what the call means; the stream saves the
+//! per-call transport, which is most of what a small change costs.
+//!
+//! A task per stream reads batches a few ahead ([`READ_AHEAD`]) and
+//! applies each batch's items in order (so one user's changes keep theirs)
+//! while the users of the items ahead are loaded concurrently, so that a
+//! batch of cold users waits for about one load, not one per item. Its results go out as
+//! one response per batch; a client that does not read them stops the task,
+//! which then stops reading: memory per stream stays bounded, and the
+//! client is slowed by flow control. Shutdown answers the items read but
+//! not applied with UNAVAILABLE and ends the stream with UNAVAILABLE.
+
+use std::pin::{Pin, pin};
+
+use futures::future::{Either, select};
+use futures::{Stream, StreamExt};
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::time::{Duration, Instant};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::route::Hop;
+use super::validate::{self, MAX_APPLY_ITEMS};
+use super::{
+    Origin, ReadStatesService, ack, ack_all, bulk_ack, delete_read_states, get_badge_counts,
+    message_created, message_deleted, set_muted,
+};
+use crate::error::Error;
+use crate::metrics::MethodMetrics;
+use crate::proto::apply_item::Change;
+use crate::proto::apply_result::Outcome;
+use crate::proto::{ApplyError, ApplyItem, ApplyRequest, ApplyResponse, ApplyResult};
+
+pub type ApplyStream = Pin<Box<dyn Stream<Item = Result<ApplyResponse, Status>> + Send>>;
+
+/// Batches read ahead of the one being applied: the client's next batches
+/// are on hand when one is done, and at most this many (of up to
+/// [`MAX_APPLY_ITEMS`] items each) wait in memory.
+const READ_AHEAD: usize = 4;
+
+/// Responses the client has not read yet before the stream stops applying.
+const UNREAD_RESPONSES: usize = 4;
+
+/// Users of a batch loaded at once, before its items are applied.
+const LOADS_AHEAD: usize = 64;
+
+/// Each item kind's metrics (method `Apply.<Kind>`), apart from the unary
+/// calls'.
+#[derive(Debug)]
+pub struct ItemMetrics {
+    ack: MethodMetrics,
+    bulk_ack: MethodMetrics,
+    message_created: MethodMetrics,
+    message_deleted: MethodMetrics,
+    ack_all: MethodMetrics,
+    set_muted: MethodMetrics,
+    delete_read_states: MethodMetrics,
+    get_badge_counts: MethodMetrics,
+}
+
+impl ItemMetrics {
+    pub fn new(node: &str) -> ItemMetrics {
+        ItemMetrics {
+            ack: MethodMetrics::new("Apply.Ack", node),
+            bulk_ack: MethodMetrics::new("Apply.BulkAck", node),
+            message_created: MethodMetrics::new("Apply.MessageCreated", node),
+            message_deleted: MethodMetrics::new("Apply.MessageDeleted", node),
+            ack_all: MethodMetrics::new("Apply.AckAll", node),
+            set_muted: MethodMetrics::new("Apply.SetMuted", node),
+            delete_read_states: MethodMetrics::new("Apply.DeleteReadStates", node),
+            get_badge_counts: MethodMetrics::new("Apply.GetBadgeCounts", node),
+        }
+    }
+}
+
+/// Starts serving one stream, which came `hop`; `permit` is its place
+/// among the node's Apply streams, held until it ends.
+pub fn handle(
+    service: ReadStatesService,
+    requests: Streaming<ApplyRequest>,
+    hop: Hop,
+    permit: OwnedSemaphorePermit,
+) -> ApplyStream {
+    let (responses, sent) = mpsc::channel(UNREAD_RESPONSES);
+    tokio::spawn(async move {
+        serve(service, requests, hop, responses).await;
+        drop(permit);
+    });
+    Box::pin(ReceiverStream::new(sent))
+}
+
+type Responses = mpsc::Sender<Result<ApplyResponse, Status>>;
+
+/// Applies the stream's batches until it ends, the client goes away, or
+/// shutdown begins.
+async fn serve(
+    service: ReadStatesService,
+    requests: Streaming<ApplyRequest>,
+    hop: Hop,
+    responses: Responses,
+) {
+    let (read, mut pending) = mpsc::channel(READ_AHEAD);
+    tokio::spawn(read_requests(requests, read));
+    let stopping = service.stopping.clone();
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = stopping.cancelled() => break,
+            () = responses.closed() => return,
+            next = pending.recv() => next,
+        };
+        let batch = match next {
+            Some(Ok(batch)) => batch,
+            // The client half-closed, and every item is answered.
+            None => return,
+            Some(Err(status)) => {
+                let error = Error::BadStream(status.message().to_owned());
+                let _ = responses.send(Err(error.into())).await;
+                return;
+            }
+        };
+        let results = service.apply_batch(batch, &hop).await;
+        let sending = responses.send(Ok(ApplyResponse { results }));
+        // A client that reads nothing more holds the stream only until
+        // shutdown, which would answer nothing more either.
+        tokio::select! {
+            biased;
+            sent = sending => if sent.is_err() { return },
+            () = stopping.cancelled() => return,
+        }
+    }
+    // Shutdown: what was read is answered, unapplied, and the stream ends.
+    pending.close();
+    while let Some(Ok(batch)) = pending.recv().await {
+        let results = batch
+            .items
+            .iter()
+            .map(|item| refused(item.id, &Error::ShuttingDown))
+            .collect();
+        if responses.try_send(Ok(ApplyResponse { results })).is_err() {
+            return;
+        }
+    }
+    let _ = responses.try_send(Err(Error::ShuttingDown.into()));
+}
+
+/// A batch read ahead, or why the request stream cannot be read (boxed: a
+/// `Status` is several times a batch's size).
+type Read = Result<ApplyRequest, Box<Status>>;
+
+/// Reads batches until the stream ends (an undecodable one is passed on,
+/// and ends it) or nobody takes them any more.
+async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender<Read>) {
+    loop {
+        let message = tokio::select! {
+            () = read.closed() => return,
+            message = requests.message() => message,
+        };
+        let batch = match message {
+            Ok(Some(batch)) => Ok(batch),
+            Ok(None) => return,
+            Err(status) => Err(Box::new(status)),
+        };
+        let ends = batch.is_err();
+        if read.send(batch).await.is_err() || ends {
+            return;
+        }
+    }
+}
+
+impl ReadStatesService {
+    /// Every item of `batch`, answered: applied in order, each within the
+    /// batch's timeout, while the users of the items ahead are loaded;
+    /// those left when shutdown begins are not applied.
+    async fn apply_batch(&self, batch: ApplyRequest, hop: &Hop) -> Vec<ApplyResult> {
+        let started = Instant::now();
+        if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
+            return batch
+                .items
+                .iter()
+                .map(|item| refused(item.id, &error))
+                .collect();
+        }
+        let until = (batch.timeout_ms > 0)
+            .then(|| started + Duration::from_millis(batch.timeout_ms.into()));
+        let loading = pin!(self.load_ahead(users_ahead(&batch.items)));
+        let applying = pin!(async {
+            let mut results = Vec::with_capacity(batch.items.len());
+            for item in batch.items {
+                let outcome = if self.stopping.is_cancelled() {
+                    Outcome::Error(apply_error(&Error::ShuttingDown.into()))
+                } else if until.is_some_and(|until| Instant::now() >= until) {
+                    Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
+                } else {
+                    let origin = Origin {
+                        started: Instant::now(),
+                        until,
+                        hop: hop.clone(),
+                    };
+                    self.apply_item(item.change, origin).await
+                };
+                results.push(ApplyResult {
+                    id: item.id,
+                    outcome: Some(outcome),
+                });
+            }
+            results
+        });
+        match select(applying, loading).await {
+            Either::Left((results, _)) => results,
+            Either::Right(((), applying)) => applying.await,
+        }
+    }
+
+    /// Loads `users` (a request for one being loaded waits for that load),
+    /// [`LOADS_AHEAD`] at once; users served elsewhere are skipped there.
+    async fn load_ahead(&self, users: Vec<u64>) {
+        futures::stream::iter(users)
+            .for_each_concurrent(LOADS_AHEAD, |user| async move {
+                let _ = self.cache.load(user).await;
+            })
+            .await;
+    }
+
+    /// One item, as its unary call would run it.
+    async fn apply_item(&self, change: Option<Change>, origin: Origin) -> Outcome {
+        let metrics = &self.item_metrics;
+        let Some(change) = change else {
+            let error = Error::invalid("change", "must be set");
+            return Outcome::Error(apply_error(&error.into()));
+        };
+        let result = match change {
+            Change::Ack(r) => self
+                .run_routed(&metrics.ack, origin, r, ack::handle, Some(ack::forward))
+                .await
+                .map(Outcome::Ack),
+            Change::BulkAck(r) => self
+                .run_routed(
+                    &metrics.bulk_ack,
+                    origin,
+                    r,
+                    bulk_ack::handle,
+                    Some(bulk_ack::forward),
+                )
+                .await
+                .map(Outcome::BulkAck),
+            Change::AckAll(r) => self
+                .run_routed(
+                    &metrics.ack_all,
+                    origin,
+                    r,
+                    ack_all::handle,
+                    Some(ack_all::forward),
+                )
+                .await
+                .map(Outcome::AckAll),
+            Change::SetMuted(r) => self
+                .run_routed(
+                    &metrics.set_muted,
+                    origin,
+                    r,
+                    set_muted::handle,
+                    Some(set_muted::forward),
+                )
+                .await
+                .map(Outcome::SetMuted),
+            Change::DeleteReadStates(r) => self
+                .run_routed(
+                    &metrics.delete_read_states,
+                    origin,
+                    r,
+                    delete_read_states::handle,
+                    Some(delete_read_states::forward),
+                )
+                .await
+                .map(Outcome::DeleteReadStates),
+            Change::MessageCreated(r) => self
+                .run_scattered(
+                    &metrics.message_created,
+                    origin,
+                    r,
+                    message_created::handle,
+                    message_created::forward,
+                )
+                .await
+                .map(Outcome::MessageCreated),
+            Change::MessageDeleted(r) => self
+                .run_scattered(
+                    &metrics.message_deleted,
+                    origin,
+                    r,
+                    message_deleted::handle,
+                    message_deleted::forward,
+                )
+                .await
+                .map(Outcome::MessageDeleted),
+            Change::GetBadgeCounts(r) => self
+                .run_scattered(
+                    &metrics.get_badge_counts,
+                    origin,
+                    r,
+                    get_badge_counts::handle,
+                    get_badge_counts::forward,
+                )
+                .await
+                .map(Outcome::GetBadgeCounts),
+        };
+        result.unwrap_or_else(|status| Outcome::Error(apply_error(&status)))
+    }
+}
+
+/// The users of the single-user items (a change to many users loads its
+/// own concurrently).
+fn users_ahead(items: &[ApplyItem]) -> Vec<u64> {
+    let user = |item: &ApplyItem| match item.change.as_ref()? {
+        Change::Ack(r) => Some(r.user_id),
+        Change::BulkAck(r) => Some(r.user_id),
+        Change::AckAll(r) => Some(r.user_id),
+        Change::SetMuted(r) => Some(r.user_id),
+        Change::DeleteReadStates(r) => Some(r.user_id),
+        Change::MessageCreated(_) | Change::MessageDeleted(_) | Change::GetBadgeCounts(_) => None,
+    };
+    items
+        .iter()
+        .filter_map(user)
+        .filter(|&user| user != 0)
+        .collect()
+}
+
+/// An item answered with `error` and not applied.
+fn refused(id: u64, error: &Error) -> ApplyResult {
+    ApplyResult {
+        id,
+        outcome: Some(Outcome::Error(apply_error(&error.clone().into()))),
+    }
+}
+
+fn apply_error(status: &Status) -> ApplyError {
+    ApplyError {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+    }
+}

@@ -1,0 +1,626 @@
+//! The Apply stream: every item kind means what its unary call means,
+//! redelivery counts nothing, bad items are answered and the stream goes
+//! on, garbage ends one stream alone, back-pressure, the stream limit, the
+//! per-batch deadline, and shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use readstates::config::Config;
+use readstates::proto::apply_item::Change;
+use readstates::proto::apply_result::Outcome;
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::proto::*;
+use readstates::store::Store;
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use readstates::store::memory::MemoryStore;
+use readstates::test_support::{ack, delete, message};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Code, Streaming};
+
+use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
+
+/// One open Apply stream (the fleet tests use it too).
+pub struct Applier {
+    batches: mpsc::Sender<ApplyRequest>,
+    results: Streaming<ApplyResponse>,
+}
+
+impl Applier {
+    pub async fn open(app: &TestApp) -> Applier {
+        Applier::try_open(app.channel().await, 16)
+            .await
+            .expect("Apply")
+    }
+
+    /// A stream whose client queues at most `queued` batches unsent.
+    pub async fn try_open(channel: Channel, queued: usize) -> Result<Applier, tonic::Status> {
+        let (batches, receiver) = mpsc::channel(queued);
+        let results = ReadStatesClient::new(channel)
+            .apply(ReceiverStream::new(receiver))
+            .await?
+            .into_inner();
+        Ok(Applier { batches, results })
+    }
+
+    pub async fn send(&self, batch: ApplyRequest) {
+        self.batches.send(batch).await.expect("stream open");
+    }
+
+    /// The next response's results, within 5 s.
+    pub async fn next(&mut self) -> Result<Vec<ApplyResult>, tonic::Status> {
+        let message = tokio::time::timeout(Duration::from_secs(5), self.results.message())
+            .await
+            .expect("a response within 5 s")?;
+        Ok(message.expect("not ended").results)
+    }
+
+    /// Sends `changes` as one batch (ids 0, 1, ...) and waits for every
+    /// answer: the outcomes in item order, each answered exactly once.
+    pub async fn apply(&mut self, changes: Vec<Change>) -> Vec<Outcome> {
+        let count = changes.len();
+        self.send(batch(changes)).await;
+        let mut answers = HashMap::new();
+        while answers.len() < count {
+            for result in self.next().await.expect("results") {
+                let outcome = result.outcome.expect("an outcome");
+                assert!(
+                    answers.insert(result.id, outcome).is_none(),
+                    "item {} answered twice",
+                    result.id
+                );
+            }
+        }
+        (0..count as u64)
+            .map(|id| answers.remove(&id).expect("every item answered"))
+            .collect()
+    }
+}
+
+/// `changes` as a batch, with ids 0, 1, ...
+pub fn batch(changes: Vec<Change>) -> ApplyRequest {
+    ApplyRequest {
+        items: changes
+            .into_iter()
+            .enumerate()
+            .map(|(id, change)| ApplyItem {
+                id: id as u64,
+                change: Some(change),
+            })
+            .collect(),
+        timeout_ms: 0,
+    }
+}
+
+/// The error an item was answered with.
+fn error(outcome: &Outcome) -> (Code, &str) {
+    match outcome {
+        Outcome::Error(e) => (Code::from_i32(e.code), e.message.as_str()),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+/// A user's read states without their versions (which come from the
+/// clock), and its totals.
+async fn states(app: &mut TestApp, user_id: u64) -> (Vec<ReadState>, u64, u32) {
+    let response = app.all_read_states(user_id).await;
+    let states = response
+        .read_states
+        .into_iter()
+        .map(|state| ReadState {
+            version: 0,
+            ..state
+        })
+        .collect();
+    (
+        states,
+        response.total_mention_count,
+        response.unread_channel_count,
+    )
+}
+
+/// The same changes, to users `base + 1..=base + 3`, one of each kind.
+fn every_kind(base: u64) -> Vec<Change> {
+    let (a, b, c) = (base + 1, base + 2, base + 3);
+    vec![
+        Change::Ack(ack(a, 10, 100)),
+        Change::BulkAck(BulkAckRequest {
+            user_id: a,
+            entries: [11, 12, 13]
+                .map(|channel_id| AckEntry {
+                    channel_id,
+                    kind: 0,
+                    message_id: 100,
+                })
+                .to_vec(),
+        }),
+        Change::MessageCreated(message(10, 200, b, &[a], &[c])),
+        Change::MessageCreated(message(11, 201, b, &[], &[a, c])),
+        Change::MessageCreated(message(12, 202, b, &[a, c], &[])),
+        Change::MessageDeleted(MessageDeletedRequest {
+            channel_id: 12,
+            message_id: 202,
+            mentioned_user_ids: vec![c],
+            ..MessageDeletedRequest::default()
+        }),
+        Change::SetMuted(SetMutedRequest {
+            user_id: a,
+            channel_id: 11,
+            kind: 0,
+            muted: true,
+        }),
+        Change::AckAll(AckAllRequest {
+            user_id: c,
+            kinds: vec![],
+        }),
+        Change::MessageCreated(message(13, 203, b, &[c], &[a])),
+        Change::DeleteReadStates(delete(a, &[13], false)),
+        Change::Ack(AckRequest {
+            manual: true,
+            mention_count: 3,
+            unread_count: 4,
+            ..ack(c, 10, 150)
+        }),
+        Change::GetBadgeCounts(GetBadgeCountsRequest {
+            user_ids: vec![a, b, c],
+        }),
+    ]
+}
+
+/// Runs one change as its unary call: the outcome an item would get.
+async fn unary(client: &mut ReadStatesClient<Channel>, change: Change) -> Outcome {
+    let outcome = match change {
+        Change::Ack(r) => client.ack(r).await.map(|r| Outcome::Ack(r.into_inner())),
+        Change::BulkAck(r) => client
+            .bulk_ack(r)
+            .await
+            .map(|r| Outcome::BulkAck(r.into_inner())),
+        Change::MessageCreated(r) => client
+            .message_created(r)
+            .await
+            .map(|r| Outcome::MessageCreated(r.into_inner())),
+        Change::MessageDeleted(r) => client
+            .message_deleted(r)
+            .await
+            .map(|r| Outcome::MessageDeleted(r.into_inner())),
+        Change::AckAll(r) => client
+            .ack_all(r)
+            .await
+            .map(|r| Outcome::AckAll(r.into_inner())),
+        Change::SetMuted(r) => client
+            .set_muted(r)
+            .await
+            .map(|r| Outcome::SetMuted(r.into_inner())),
+        Change::DeleteReadStates(r) => client
+            .delete_read_states(r)
+            .await
+            .map(|r| Outcome::DeleteReadStates(r.into_inner())),
+        Change::GetBadgeCounts(r) => client
+            .get_badge_counts(r)
+            .await
+            .map(|r| Outcome::GetBadgeCounts(r.into_inner())),
+    };
+    outcome.unwrap_or_else(|status| {
+        Outcome::Error(ApplyError {
+            code: status.code() as i32,
+            message: status.message().to_owned(),
+        })
+    })
+}
+
+/// An outcome with its versions (from the clock) zeroed.
+fn unversioned(outcome: Outcome) -> Outcome {
+    let state = |s: Option<ReadState>| s.map(|s| ReadState { version: 0, ..s });
+    match outcome {
+        Outcome::Ack(r) => Outcome::Ack(AckResponse {
+            version: 0,
+            read_state: state(r.read_state),
+            ..r
+        }),
+        Outcome::BulkAck(r) => Outcome::BulkAck(BulkAckResponse {
+            version: 0,
+            read_states: r
+                .read_states
+                .into_iter()
+                .map(|s| ReadState { version: 0, ..s })
+                .collect(),
+        }),
+        Outcome::SetMuted(r) => Outcome::SetMuted(SetMutedResponse {
+            version: 0,
+            read_state: state(r.read_state),
+            ..r
+        }),
+        Outcome::AckAll(r) => Outcome::AckAll(AckAllResponse { version: 0, ..r }),
+        Outcome::DeleteReadStates(r) => {
+            Outcome::DeleteReadStates(DeleteReadStatesResponse { version: 0, ..r })
+        }
+        Outcome::GetBadgeCounts(mut r) => {
+            // The users differ by the base; their counts must not.
+            r.counts.iter_mut().for_each(|c| c.user_id %= 1_000);
+            Outcome::GetBadgeCounts(r)
+        }
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn every_item_kind_answers_and_changes_what_its_unary_call_does() {
+    let mut app = spawn_app().await;
+    let mut stream = Applier::open(&app).await;
+    let streamed = stream.apply(every_kind(0)).await;
+    let mut client = app.client.clone();
+    let mut called = Vec::new();
+    for change in every_kind(1_000) {
+        called.push(unary(&mut client, change).await);
+    }
+    assert_eq!(streamed.len(), 12);
+    for (i, (s, c)) in streamed.into_iter().zip(called).enumerate() {
+        assert!(!matches!(s, Outcome::Error(_)), "item {i}: {s:?}");
+        assert_eq!(unversioned(s), unversioned(c), "item {i}");
+    }
+    for user in 1..=3 {
+        let streamed = states(&mut app, user).await;
+        assert!(!streamed.0.is_empty(), "user {user} has read states");
+        assert_eq!(
+            streamed,
+            states(&mut app, 1_000 + user).await,
+            "user {user}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_redelivered_batch_counts_nothing() {
+    let mut app = spawn_app().await;
+    let mut stream = Applier::open(&app).await;
+    let changes = || {
+        (1..=50)
+            .map(|m| Change::MessageCreated(message(7, 1_000 + m, 1, &[2], &[3, 4])))
+            .collect::<Vec<_>>()
+    };
+    let first = stream.apply(changes()).await;
+    assert!(
+        first
+            .iter()
+            .all(|o| matches!(o, Outcome::MessageCreated(r) if r.updated == 4)),
+        "{first:?}"
+    );
+    let again = stream.apply(changes()).await;
+    assert!(
+        again
+            .iter()
+            .all(|o| matches!(o, Outcome::MessageCreated(r) if r.updated == 0)),
+        "{again:?}"
+    );
+    let (states, mentions, _) = states(&mut app, 2).await;
+    assert_eq!(
+        (states[0].mention_count, states[0].unread_count, mentions),
+        (50, 50, 50)
+    );
+}
+
+#[tokio::test]
+async fn bad_items_get_the_unary_errors_and_the_stream_goes_on() {
+    let app = spawn_app().await;
+    let mut stream = Applier::open(&app).await;
+    let mut client = app.client.clone();
+    let too_many: Vec<u64> = (1..=10_001).collect();
+    let bad = vec![
+        Change::Ack(ack(0, 10, 100)),
+        Change::Ack(ack(1, 10, 0)),
+        Change::BulkAck(BulkAckRequest {
+            user_id: 1,
+            entries: vec![AckEntry::default(); 101],
+        }),
+        Change::MessageCreated(message(10, 5, 0, &too_many, &[])),
+        Change::MessageDeleted(MessageDeletedRequest {
+            channel_id: 10,
+            message_id: 5,
+            unread_user_ids: vec![1, 0],
+            ..MessageDeletedRequest::default()
+        }),
+        Change::SetMuted(SetMutedRequest {
+            user_id: 1,
+            channel_id: 10,
+            kind: 99,
+            muted: true,
+        }),
+        Change::DeleteReadStates(delete(1, &[10], true)),
+        Change::GetBadgeCounts(GetBadgeCountsRequest {
+            user_ids: (1..=1_001).collect(),
+        }),
+    ];
+    let mut items = bad.clone();
+    items.push(Change::Ack(ack(1, 10, 100)));
+    let outcomes = stream.apply(items).await;
+    for (i, change) in bad.into_iter().enumerate() {
+        let (code, message) = error(&outcomes[i]);
+        let expected = unary(&mut client, change).await;
+        assert_eq!((code, message), error(&expected), "item {i}");
+        assert_eq!(code, Code::InvalidArgument, "item {i}: {message}");
+    }
+    assert!(
+        matches!(&outcomes[8], Outcome::Ack(r) if r.applied),
+        "the good item among them is applied: {:?}",
+        outcomes[8]
+    );
+
+    // An item with no change, and a batch over the limit: every item
+    // answered, none applied.
+    stream
+        .send(ApplyRequest {
+            items: vec![ApplyItem {
+                id: 7,
+                change: None,
+            }],
+            timeout_ms: 0,
+        })
+        .await;
+    let results = stream.next().await.unwrap();
+    assert_eq!(results[0].id, 7);
+    let (code, message) = error(results[0].outcome.as_ref().unwrap());
+    assert_eq!(
+        (code, message),
+        (Code::InvalidArgument, "change: must be set")
+    );
+    let over: Vec<Change> = (1..=1_001).map(|m| Change::Ack(ack(2, 10, m))).collect();
+    let outcomes = stream.apply(over).await;
+    assert!(outcomes.iter().all(|o| error(o)
+        == (
+            Code::InvalidArgument,
+            "items: 1001 items, at most 1000 allowed"
+        )));
+    assert!(
+        client
+            .get_read_states(GetReadStatesRequest {
+                user_id: 2,
+                ..GetReadStatesRequest::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .read_states
+            .is_empty(),
+        "nothing of the refused batch applied"
+    );
+    let outcomes = stream.apply(vec![Change::Ack(ack(2, 10, 1))]).await;
+    assert!(
+        matches!(&outcomes[0], Outcome::Ack(r) if r.applied),
+        "the stream goes on"
+    );
+}
+
+/// Bytes that do not decode as an `ApplyRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(bytes = "vec", tag = "1")]
+    junk: Vec<u8>,
+}
+
+#[tokio::test]
+async fn a_stream_of_garbage_ends_alone() {
+    let app = spawn_app().await;
+    let mut good = Applier::open(&app).await;
+    good.apply(vec![Change::Ack(ack(1, 10, 1))]).await;
+
+    let mut grpc = tonic::client::Grpc::new(app.channel().await);
+    grpc.ready().await.unwrap();
+    let path =
+        tonic::codegen::http::uri::PathAndQuery::from_static("/readstates.v1.ReadStates/Apply");
+    let codec = tonic_prost::ProstCodec::<Garbage, ApplyResponse>::default();
+    let garbage = tokio_stream::iter(vec![Garbage {
+        junk: vec![0xff; 16],
+    }]);
+    let outcome = async {
+        let mut responses = grpc
+            .streaming(tonic::Request::new(garbage), path, codec)
+            .await?
+            .into_inner();
+        while responses.message().await?.is_some() {}
+        Ok::<(), tonic::Status>(())
+    };
+    let status = tokio::time::timeout(Duration::from_secs(5), outcome)
+        .await
+        .expect("ends")
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    let outcomes = good.apply(vec![Change::Ack(ack(1, 10, 2))]).await;
+    assert!(
+        matches!(&outcomes[0], Outcome::Ack(r) if r.applied),
+        "the other stream goes on"
+    );
+}
+
+#[tokio::test]
+async fn streams_beyond_the_limit_are_refused_until_one_ends() {
+    let config = Config {
+        max_apply_streams: 2,
+        ..test_config()
+    };
+    let app = spawn_app_with(config).await;
+    let mut first = Applier::open(&app).await;
+    let _second = Applier::open(&app).await;
+    let refused = Applier::try_open(app.channel().await, 1).await.err();
+    let status = refused.expect("a third stream is refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("2 Apply streams"), "{status:?}");
+
+    first.apply(vec![Change::Ack(ack(1, 10, 1))]).await;
+    drop(first);
+    crate::helpers::eventually("a place is free again", async || {
+        Applier::try_open(app.channel().await, 1).await.is_ok()
+    })
+    .await;
+}
+
+/// A client that sends without reading its results is slowed by flow
+/// control: the server applies a bounded number of batches ahead of what
+/// the client read, and every item is still answered once it reads.
+#[tokio::test]
+async fn a_client_that_does_not_read_is_held_back_and_loses_nothing() {
+    let mut app = spawn_app().await;
+    let channel = Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = Applier::try_open(channel, 1).await.unwrap();
+    const BATCHES: u64 = 200;
+    const ITEMS: u64 = 500;
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (batches, counter) = (stream.batches.clone(), sent.clone());
+    let sender = tokio::spawn(async move {
+        for b in 0..BATCHES {
+            let items = (0..ITEMS)
+                .map(|i| {
+                    let id = b * ITEMS + i + 1;
+                    ApplyItem {
+                        id,
+                        change: Some(Change::Ack(ack(1, 10, id))),
+                    }
+                })
+                .collect();
+            let batch = ApplyRequest {
+                items,
+                timeout_ms: 0,
+            };
+            if batches.send(batch).await.is_err() {
+                return;
+            }
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let applied = app.all_read_states(1).await.read_states[0].last_acked_id;
+    let taken = sent.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        applied < 40 * ITEMS && taken < 60,
+        "held back: {} batches applied, {taken} taken",
+        applied / ITEMS
+    );
+    let mut answered = std::collections::HashSet::new();
+    while answered.len() < (BATCHES * ITEMS) as usize {
+        for result in stream.next().await.unwrap() {
+            assert!(matches!(result.outcome, Some(Outcome::Ack(ref r)) if r.applied));
+            assert!(answered.insert(result.id), "{} answered twice", result.id);
+        }
+    }
+    sender.await.unwrap();
+    let applied = app.all_read_states(1).await.read_states[0].last_acked_id;
+    assert_eq!(applied, BATCHES * ITEMS);
+}
+
+/// Items still to be applied when the batch's timeout passes are answered
+/// DEADLINE_EXCEEDED and not applied.
+#[tokio::test]
+async fn items_late_for_their_batch_timeout_are_not_applied() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(600))).user(5));
+    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let mut request = batch(vec![
+        Change::Ack(ack(4, 10, 1)),
+        Change::Ack(ack(5, 10, 1)),
+        Change::Ack(ack(6, 10, 1)),
+    ]);
+    request.timeout_ms = 200;
+    stream.send(request).await;
+    let mut outcomes = HashMap::new();
+    while outcomes.len() < 3 {
+        for result in stream.next().await.unwrap() {
+            outcomes.insert(result.id, result.outcome.unwrap());
+        }
+    }
+    assert!(
+        matches!(&outcomes[&0], Outcome::Ack(r) if r.applied),
+        "{:?}",
+        outcomes[&0]
+    );
+    for id in [1, 2] {
+        assert_eq!(error(&outcomes[&id]).0, Code::DeadlineExceeded, "item {id}");
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for user in [5, 6] {
+        assert!(
+            app.all_read_states(user).await.read_states.is_empty(),
+            "user {user}"
+        );
+    }
+}
+
+/// Shutdown while a batch waits for a slow store: what was applied is
+/// answered and written, the rest answered UNAVAILABLE (not applied), and
+/// the stream ends with UNAVAILABLE.
+#[tokio::test]
+async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
+    let durable = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultyStore::new(durable.clone(), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_000))).user(9));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    // The first batch waits for user 9's load; the second is read ahead.
+    let first: Vec<Change> = [1, 2, 9, 3].map(|u| Change::Ack(ack(u, 10, 100))).to_vec();
+    stream.send(batch(first)).await;
+    let mut second = batch(vec![Change::Ack(ack(4, 10, 100))]);
+    second.items[0].id = 100;
+    stream.send(second).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stopping = tokio::spawn(app.stop());
+
+    let mut outcomes = HashMap::new();
+    let status = loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.results.message())
+            .await
+            .expect("the stream ends in time")
+        {
+            Ok(Some(response)) => {
+                for result in response.results {
+                    let outcome = result.outcome.unwrap();
+                    assert!(
+                        outcomes.insert(result.id, outcome).is_none(),
+                        "answered twice"
+                    );
+                }
+            }
+            Ok(None) => panic!("the stream must end with a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    stopping.await.unwrap();
+    let mut applied = Vec::new();
+    for (id, outcome) in &outcomes {
+        match outcome {
+            Outcome::Ack(r) => {
+                assert!(r.applied);
+                applied.push(*id);
+            }
+            other => assert_eq!(error(other).0, Code::Unavailable, "item {id}"),
+        }
+    }
+    applied.sort_unstable();
+    assert_eq!(
+        applied,
+        [0, 1, 2],
+        "the items begun before the shutdown are applied, the others not: {outcomes:?}"
+    );
+    assert_eq!(outcomes.len(), 5, "every item read is answered");
+    for id in applied {
+        let user = if id == 100 {
+            4
+        } else {
+            [1, 2, 9, 3][id as usize]
+        };
+        let written = durable.load(user).await.unwrap();
+        assert_eq!(
+            written.read_states.len(),
+            1,
+            "user {user}'s answered ack is written"
+        );
+    }
+}
