@@ -12,6 +12,13 @@
 #   COMPARE=/tmp/old/readstates loadtest/pairs.sh
 #                                        also that build of readstates, in the
 #                                        same pairs (before/after a change)
+#   STREAM_BATCH=100 WORKLOAD=loadtest/workloads/acks.toml loadtest/pairs.sh
+#                                        also readstates with the changes sent
+#                                        over STREAMS (4) Apply streams in
+#                                        batches of up to 100, closed loop at
+#                                        STREAM_CONCURRENCY (2 x batch x
+#                                        streams); "CPU x" is unary's CPU per
+#                                        request over the stream's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +26,9 @@ PAIRS="${PAIRS:-5}"
 WATCH_USERS="${WATCH_USERS:-0}"
 WATCH_STREAMS="${WATCH_STREAMS:-4}"
 COMPARE="${COMPARE:-}"
+STREAM_BATCH="${STREAM_BATCH:-0}"
+STREAMS="${STREAMS:-4}"
+STREAM_CONCURRENCY="${STREAM_CONCURRENCY:-$((2 * STREAM_BATCH * STREAMS))}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
 RS_GRPC=127.0.0.1:50151
@@ -89,6 +99,11 @@ if [ -n "$COMPARE" ]; then
     header="$header compared ok/s | ratio | compared CPU us/req |"
     rule="$rule ---: | ---: | ---: |"
 fi
+if [ "$STREAM_BATCH" -gt 0 ]; then
+    header="$header stream ok/s | stream CPU us/req | CPU x |"
+    rule="$rule ---: | ---: | ---: |"
+fi
+echo "load average before the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$header"
 echo "$rule"
 for pair in $(seq 1 "$PAIRS"); do
@@ -107,5 +122,13 @@ for pair in $(seq 1 "$PAIRS"); do
         c_ratio=$(python3 -c "print(f'{$c_rate / $b_rate * 100:.1f}%')")
         line="$line $c_rate | $c_ratio | $c_cpu |"
     fi
+    if [ "$STREAM_BATCH" -gt 0 ]; then
+        read -r s_rate s_cpu < <(measure readstates-stream "$readstates_pid" "grpc://$RS_GRPC" \
+            --skip-preload --stream-batch "$STREAM_BATCH" --streams "$STREAMS" \
+            --concurrency "$STREAM_CONCURRENCY")
+        times=$(python3 -c "print(f'{$r_cpu / $s_cpu:.1f}')")
+        line="$line $s_rate | $s_cpu | $times |"
+    fi
     echo "$line"
 done
+echo "load average after the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -12,6 +12,7 @@ use crate::chart;
 use crate::report::Report;
 use crate::runner::{RunConfig, Session};
 use crate::sweep;
+use crate::target::stream::StreamConfig;
 use crate::watchers::Watchers;
 use crate::workload::Workload;
 
@@ -47,13 +48,41 @@ impl std::str::FromStr for NamedTarget {
     }
 }
 
-fn session_config(workload: &Arc<Workload>, target: &NamedTarget) -> RunConfig {
+/// How a run sends its changes: unary calls, or Apply streams in batches.
+#[derive(Clone, Debug, clap::Args)]
+pub struct StreamArgs {
+    /// Send the changes (Ack, BulkAck, MessageCreated) over Apply streams,
+    /// in batches of at most this many; 0 sends each as a unary call.
+    /// Reads stay unary. Batches fill when `concurrency` is well above
+    /// `stream-batch` times `streams`.
+    #[arg(long, default_value_t = 0)]
+    pub stream_batch: usize,
+    /// Apply streams, over the workload's connections in turn.
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+}
+
+impl StreamArgs {
+    fn config(&self) -> Option<StreamConfig> {
+        (self.stream_batch > 0).then_some(StreamConfig {
+            batch: self.stream_batch,
+            streams: self.streams,
+        })
+    }
+}
+
+fn session_config(
+    workload: &Arc<Workload>,
+    target: &NamedTarget,
+    stream: &StreamArgs,
+) -> RunConfig {
     RunConfig {
         name: target.name.clone(),
         url: target.url.clone(),
         workload: workload.clone(),
         metrics: target.metrics,
         progress: true,
+        stream: stream.config(),
     }
 }
 
@@ -80,6 +109,9 @@ pub struct RunArgs {
     pub rate: Option<u64>,
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
+    /// Closed-loop requests in flight (default: the workload's).
+    #[arg(long)]
+    pub concurrency: Option<usize>,
     /// Write the JSON report here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -92,6 +124,8 @@ pub struct RunArgs {
     pub watch_users: u64,
     #[arg(long, default_value_t = 4)]
     pub watch_streams: usize,
+    #[command(flatten)]
+    pub stream: StreamArgs,
 }
 
 /// What `loadtest sweep` does with a workload.
@@ -115,15 +149,20 @@ pub struct SweepArgs {
     pub report: Option<PathBuf>,
     #[arg(long)]
     pub chart: Option<PathBuf>,
+    #[command(flatten)]
+    pub stream: StreamArgs,
 }
 
 /// `loadtest run`: one measured run; the report as a table, JSON and an
 /// over-time chart.
-pub async fn run(workload: Workload, args: RunArgs) -> anyhow::Result<Report> {
+pub async fn run(mut workload: Workload, args: RunArgs) -> anyhow::Result<Report> {
+    if let Some(concurrency) = args.concurrency {
+        workload.load.concurrency = concurrency;
+    }
     let workload = Arc::new(workload);
     let rate = args.rate.or(Some(workload.load.rate)).filter(|&r| r > 0);
     let duration = args.duration.unwrap_or(workload.load.duration);
-    let session = Session::start(session_config(&workload, &args.target)).await?;
+    let session = Session::start(session_config(&workload, &args.target, &args.stream)).await?;
     let watchers = match args.watch_users {
         0 => None,
         users => {
@@ -170,7 +209,7 @@ pub async fn sweep(workload: Workload, args: SweepArgs) -> anyhow::Result<Vec<Ve
     let mut all = Vec::new();
     for target in &targets {
         eprintln!("sweep of {} ({})", target.name, target.url);
-        let mut config = session_config(&workload, target);
+        let mut config = session_config(&workload, target, &args.stream);
         config.progress = false;
         let session = Session::start(config).await?;
         all.push(sweep::run(&session, &rates, step).await?);

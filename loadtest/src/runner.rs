@@ -19,6 +19,7 @@ use crate::report::{Report, StoreWrites};
 use crate::schedule::Schedule;
 use crate::stats::Stats;
 use crate::target::Target;
+use crate::target::stream::StreamConfig;
 use crate::workload::Workload;
 
 /// How long in-flight requests may take to finish once sending has stopped.
@@ -36,6 +37,8 @@ pub struct RunConfig {
     pub metrics: Option<SocketAddr>,
     /// Print the progress line every second.
     pub progress: bool,
+    /// Send the changes over Apply streams.
+    pub stream: Option<StreamConfig>,
 }
 
 /// A target connected and preloaded, ready for one or more measured runs.
@@ -48,8 +51,9 @@ pub struct Session {
 
 impl Session {
     pub async fn start(config: RunConfig) -> anyhow::Result<Session> {
-        let target =
-            Arc::new(Target::connect(&config.url, config.workload.load.connections).await?);
+        let target = Arc::new(
+            Target::connect(&config.url, config.workload.load.connections, config.stream).await?,
+        );
         let generator = Generator::new(config.workload.clone(), MessageIds::new());
         let session = Session {
             config,

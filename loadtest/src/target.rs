@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod grpc;
 pub mod redis;
+pub mod stream;
 
 use crate::op::Op;
 
@@ -19,15 +20,23 @@ pub enum Target {
 }
 
 impl Target {
-    /// Opens `connections` connections to `url`.
-    pub async fn connect(url: &str, connections: usize) -> anyhow::Result<Target> {
+    /// Opens `connections` connections to `url`; with `stream` (gRPC
+    /// only), changes go over Apply streams.
+    pub async fn connect(
+        url: &str,
+        connections: usize,
+        stream: Option<stream::StreamConfig>,
+    ) -> anyhow::Result<Target> {
         if let Some(address) = url
             .strip_prefix("grpc://")
             .or_else(|| url.strip_prefix("http://"))
         {
             return Ok(Target::Grpc(
-                grpc::GrpcTarget::connect(address, connections).await?,
+                grpc::GrpcTarget::connect(address, connections, stream).await?,
             ));
+        }
+        if stream.is_some() {
+            anyhow::bail!("{url}: the stream mode is for grpc:// targets");
         }
         if let Some(entry) = url.strip_prefix("cluster://") {
             return Ok(Target::Cluster(

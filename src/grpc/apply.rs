@@ -4,18 +4,21 @@
 //! per-call transport, which is most of what a small change costs.
 //!
 //! A task per stream reads batches a few ahead ([`READ_AHEAD`]) and
-//! applies each batch's items in order (so one user's changes keep theirs)
-//! while the users of the items ahead are loaded concurrently, so that a
-//! batch of cold users waits for about one load, not one per item. Its results go out as
+//! applies each batch's items in order (so one user's changes keep theirs);
+//! once an item waits for a load, the users of the items after it are
+//! loaded concurrently, so that a batch of cold users waits for about one
+//! load, not one per item. Its results go out as
 //! one response per batch; a client that does not read them stops the task,
 //! which then stops reading: memory per stream stays bounded, and the
 //! client is slowed by flow control. Shutdown answers the items read but
 //! not applied with UNAVAILABLE and ends the stream with UNAVAILABLE.
 
+use std::future::Future;
 use std::pin::{Pin, pin};
+use std::task::Poll;
 
 use futures::future::{Either, select};
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Duration, Instant};
 use tokio_stream::wrappers::ReceiverStream;
@@ -172,8 +175,11 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
 
 impl ReadStatesService {
     /// Every item of `batch`, answered: applied in order, each within the
-    /// batch's timeout, while the users of the items ahead are loaded;
-    /// those left when shutdown begins are not applied.
+    /// batch's timeout; those left when shutdown begins are not applied.
+    /// The first item that has to wait (its user is not cached) starts
+    /// loading the users of the items after it, so that a batch of cold
+    /// users waits for about one load, and a batch of cached ones looks
+    /// up no user twice.
     async fn apply_batch(&self, batch: ApplyRequest, hop: &Hop) -> Vec<ApplyResult> {
         let started = Instant::now();
         if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
@@ -185,33 +191,44 @@ impl ReadStatesService {
         }
         let until = (batch.timeout_ms > 0)
             .then(|| started + Duration::from_millis(batch.timeout_ms.into()));
-        let loading = pin!(self.load_ahead(users_ahead(&batch.items)));
-        let applying = pin!(async {
-            let mut results = Vec::with_capacity(batch.items.len());
-            for item in batch.items {
-                let outcome = if self.stopping.is_cancelled() {
-                    Outcome::Error(apply_error(&Error::ShuttingDown.into()))
-                } else if until.is_some_and(|until| Instant::now() >= until) {
-                    Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
-                } else {
-                    let origin = Origin {
-                        started: Instant::now(),
-                        until,
-                        hop: hop.clone(),
-                    };
-                    self.apply_item(item.change, origin).await
+        let users = users_of(&batch.items);
+        let mut loading: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
+        let mut results = Vec::with_capacity(batch.items.len());
+        for (index, item) in batch.items.into_iter().enumerate() {
+            let outcome = if self.stopping.is_cancelled() {
+                Outcome::Error(apply_error(&Error::ShuttingDown.into()))
+            } else if until.is_some_and(|until| Instant::now() >= until) {
+                Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
+            } else {
+                let origin = Origin {
+                    started: Instant::now(),
+                    until,
+                    hop: hop.clone(),
                 };
-                results.push(ApplyResult {
-                    id: item.id,
-                    outcome: Some(outcome),
-                });
-            }
-            results
-        });
-        match select(applying, loading).await {
-            Either::Left((results, _)) => results,
-            Either::Right(((), applying)) => applying.await,
+                let mut applying = pin!(self.apply_item(item.change, origin));
+                match futures::poll!(applying.as_mut()) {
+                    Poll::Ready(outcome) => outcome,
+                    Poll::Pending => {
+                        let loading = loading.get_or_insert_with(|| {
+                            let ahead = users.iter().filter(|&&(i, _)| i > index);
+                            let users = ahead.map(|&(_, user)| user).collect();
+                            // Fused: once done, it waits forever in the
+                            // `select`s of the items after.
+                            Box::pin(self.load_ahead(users).fuse())
+                        });
+                        match select(applying, loading.as_mut()).await {
+                            Either::Left((outcome, _)) => outcome,
+                            Either::Right(((), applying)) => applying.await,
+                        }
+                    }
+                }
+            };
+            results.push(ApplyResult {
+                id: item.id,
+                outcome: Some(outcome),
+            });
         }
+        results
     }
 
     /// Loads `users` (a request for one being loaded waits for that load),
@@ -311,9 +328,9 @@ impl ReadStatesService {
     }
 }
 
-/// The users of the single-user items (a change to many users loads its
-/// own concurrently).
-fn users_ahead(items: &[ApplyItem]) -> Vec<u64> {
+/// The users of the single-user items, with their places (a change to
+/// many users loads its own concurrently).
+fn users_of(items: &[ApplyItem]) -> Vec<(usize, u64)> {
     let user = |item: &ApplyItem| match item.change.as_ref()? {
         Change::Ack(r) => Some(r.user_id),
         Change::BulkAck(r) => Some(r.user_id),
@@ -324,8 +341,9 @@ fn users_ahead(items: &[ApplyItem]) -> Vec<u64> {
     };
     items
         .iter()
-        .filter_map(user)
-        .filter(|&user| user != 0)
+        .enumerate()
+        .filter_map(|(index, item)| Some((index, user(item)?)))
+        .filter(|&(_, user)| user != 0)
         .collect()
 }
 

@@ -624,3 +624,56 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
         );
     }
 }
+
+/// The users of a batch are loaded concurrently: a batch of 20 cold users
+/// on a store that takes 300 ms per load waits for about one load, not 20.
+#[tokio::test]
+async fn a_batch_of_cold_users_waits_for_about_one_load() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(
+        Operation::Load,
+        Effect::Delay(Duration::from_millis(300)),
+    ));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let started = std::time::Instant::now();
+    let outcomes = stream
+        .apply((1..=20).map(|u| Change::Ack(ack(u, 10, 5))).collect())
+        .await;
+    let took = started.elapsed();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Ack(r) if r.applied))
+    );
+    assert_eq!(store.loads(), 20);
+    assert!(
+        took < Duration::from_secs(3),
+        "20 loads one after another: {took:?}"
+    );
+}
+
+/// A later item that waits (a message to cold users, not loaded ahead)
+/// after the loads ahead are done is applied like any other.
+#[tokio::test]
+async fn an_item_that_waits_after_the_loads_ahead_are_done_is_applied() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(300))).user(1));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let outcomes = stream
+        .apply(vec![
+            Change::Ack(ack(1, 10, 5)),
+            Change::Ack(ack(2, 10, 5)),
+            Change::MessageCreated(message(10, 6, 0, &[50], &[51, 52])),
+        ])
+        .await;
+    assert!(
+        matches!(&outcomes[1], Outcome::Ack(r) if r.applied),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[2], Outcome::MessageCreated(r) if r.updated == 3),
+        "{outcomes:?}"
+    );
+}
