@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use loadtest::baseline;
-use loadtest::commands::{self, NamedTarget, RunArgs};
+use loadtest::commands::{self, NamedTarget, RunArgs, StreamArgs};
 use loadtest::report::Report;
 use loadtest::workload::Workload;
 use readstates::app::Application;
@@ -58,6 +58,8 @@ async fn closed_loop_against_readstates_writes_a_report_and_a_chart() {
         // every subscription gets its first event).
         watch_users: 20,
         watch_streams: 2,
+        concurrency: None,
+        stream: unary(),
     };
     let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "closed");
@@ -81,6 +83,40 @@ async fn closed_loop_against_readstates_writes_a_report_and_a_chart() {
     );
 }
 
+fn unary() -> StreamArgs {
+    StreamArgs {
+        stream_batch: 0,
+        streams: 0,
+    }
+}
+
+/// The changes over Apply streams, the reads unary: every one answered OK,
+/// and the changes reach the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_apply_streams_succeeds() {
+    let (target, _stop) = readstates().await;
+    let args = RunArgs {
+        target,
+        rate: Some(0),
+        duration: Some(Duration::from_secs(2)),
+        report: None,
+        chart: None,
+        watch_users: 0,
+        watch_streams: 0,
+        concurrency: Some(64),
+        stream: StreamArgs {
+            stream_batch: 16,
+            streams: 2,
+        },
+    };
+    let report = commands::run(workload(), args).await.unwrap();
+    assert!(report.requests > 100, "{}", report.table());
+    assert_eq!(report.errors, 0, "{}", report.table());
+    assert_eq!(report.ops.len(), 5, "every operation of the mix ran");
+    let store = report.store.expect("store writes read from /metrics");
+    assert!(store.changes > 0 && store.writes > 0.0, "{store:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_holds_its_rate_against_the_baseline() {
     let listener = baseline::bind("127.0.0.1:0".parse().unwrap())
@@ -101,6 +137,8 @@ async fn open_loop_holds_its_rate_against_the_baseline() {
         chart: None,
         watch_users: 0,
         watch_streams: 0,
+        concurrency: None,
+        stream: unary(),
     };
     let report = commands::run(workload(), args).await.unwrap();
     assert_eq!(report.mode, "open");
