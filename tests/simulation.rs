@@ -4,8 +4,8 @@
 //! evicts all the time, write-behind, and the gRPC handlers, driven by
 //! concurrent clients sending every RPC (multi-user ones included; not yet
 //! MessageDeleted, SetMuted and Watch, which the end-to-end tests and the
-//! domain's property test cover), some of
-//! them cut by a deadline, while the store fails and slows down at random.
+//! domain's property test cover), about half of the changes as items of an
+//! Apply stream, some of them cut by a deadline, while the store fails and slows down at random.
 //! Each lifetime ends in a graceful shutdown at a random moment, and the next
 //! one starts on the same store.
 //!
@@ -34,7 +34,20 @@ use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
-use tonic::{Code, Request, Status};
+use std::convert::Infallible;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body::Frame;
+use http_body_util::StreamBody;
+use prost::Message;
+use readstates::proto::apply_item::Change;
+use readstates::proto::apply_result::Outcome as ApplyOutcome;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::codec::Codec;
+use tonic::{Code, Request, Status, Streaming};
+use tonic_prost::ProstCodec;
 
 const CLIENTS: u64 = 3;
 const USERS_PER_CLIENT: u64 = 4;
@@ -320,131 +333,196 @@ fn random_op(rng: &mut fastrand::Rng, users: &[u64]) -> Op {
     }
 }
 
-/// What a call of `op` answered: the number `apply` predicts, or a status.
-async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> {
+/// The request `op` sends, as an Apply item's change; `None` for a read.
+fn change(op: &Op) -> Option<Change> {
     let key_proto = |&(kind, channel_id): &Key| ReadStateKey { channel_id, kind };
-    Ok(match op {
+    Some(match op {
         Op::Ack {
             user,
             key,
             message_id,
-        } => {
-            let request = AckRequest {
-                user_id: *user,
-                channel_id: key.1,
-                kind: key.0,
-                message_id: *message_id,
-                ..AckRequest::default()
-            };
-            let response = service.ack(Request::new(request)).await?.into_inner();
-            Observed::Count(u32::from(response.applied), response.version)
-        }
+        } => Change::Ack(AckRequest {
+            user_id: *user,
+            channel_id: key.1,
+            kind: key.0,
+            message_id: *message_id,
+            ..AckRequest::default()
+        }),
         Op::Manual {
             user,
             key,
             message_id,
             mentions,
             unread,
-        } => {
-            let request = AckRequest {
-                user_id: *user,
-                channel_id: key.1,
-                kind: key.0,
-                message_id: *message_id,
-                manual: true,
-                mention_count: *mentions,
-                unread_count: *unread,
-            };
-            let response = service.ack(Request::new(request)).await?.into_inner();
-            Observed::Count(u32::from(response.applied), response.version)
-        }
-        Op::BulkAck { user, entries } => {
-            let entries = entries
+        } => Change::Ack(AckRequest {
+            user_id: *user,
+            channel_id: key.1,
+            kind: key.0,
+            message_id: *message_id,
+            manual: true,
+            mention_count: *mentions,
+            unread_count: *unread,
+        }),
+        Op::BulkAck { user, entries } => Change::BulkAck(BulkAckRequest {
+            user_id: *user,
+            entries: entries
                 .iter()
                 .map(|&((kind, channel_id), message_id)| AckEntry {
                     channel_id,
                     kind,
                     message_id,
                 })
-                .collect();
-            let request = BulkAckRequest {
-                user_id: *user,
-                entries,
-            };
-            let response = service.bulk_ack(Request::new(request)).await?.into_inner();
-            Observed::Version(response.version)
-        }
+                .collect(),
+        }),
         Op::Message {
             channel,
             message_id,
             author,
             mentioned,
             unread,
-        } => {
-            let request = MessageCreatedRequest {
-                channel_id: *channel,
-                message_id: *message_id,
-                author_id: *author,
-                mentioned_user_ids: mentioned.clone(),
-                unread_user_ids: unread.clone(),
-                ..MessageCreatedRequest::default()
-            };
-            let response = service.message_created(Request::new(request)).await?;
-            Observed::Count(response.into_inner().updated, 0)
-        }
-        Op::Delete { user, keys } => {
-            let keys = keys.iter().map(key_proto).collect();
-            delete(service, *user, keys, false).await?
-        }
-        Op::DeleteAll { user } => delete(service, *user, vec![], true).await?,
-        Op::AckAll { user, kinds } => {
-            let request = AckAllRequest {
-                user_id: *user,
-                kinds: kinds.clone(),
-            };
-            let response = service.ack_all(Request::new(request)).await?.into_inner();
-            Observed::Count(response.updated, response.version)
-        }
-        Op::Read { user } => {
-            let request = GetReadStatesRequest {
-                user_id: *user,
-                ..GetReadStatesRequest::default()
-            };
-            let response = service
-                .get_read_states(Request::new(request))
-                .await?
-                .into_inner();
-            Observed::Read(from_proto(&response.read_states), response.version)
-        }
-        Op::Badges { users } => {
-            let request = GetBadgeCountsRequest {
-                user_ids: users.clone(),
-            };
-            let response = service
-                .get_badge_counts(Request::new(request))
-                .await?
-                .into_inner();
-            Observed::Badges(
-                response
-                    .counts
-                    .iter()
-                    .map(|c| (c.total_mention_count, c.unread_channel_count))
-                    .collect(),
-            )
-        }
+        } => Change::MessageCreated(MessageCreatedRequest {
+            channel_id: *channel,
+            message_id: *message_id,
+            author_id: *author,
+            mentioned_user_ids: mentioned.clone(),
+            unread_user_ids: unread.clone(),
+            ..MessageCreatedRequest::default()
+        }),
+        Op::Delete { user, keys } => Change::DeleteReadStates(DeleteReadStatesRequest {
+            user_id: *user,
+            keys: keys.iter().map(key_proto).collect(),
+            all: false,
+        }),
+        Op::DeleteAll { user } => Change::DeleteReadStates(DeleteReadStatesRequest {
+            user_id: *user,
+            keys: vec![],
+            all: true,
+        }),
+        Op::AckAll { user, kinds } => Change::AckAll(AckAllRequest {
+            user_id: *user,
+            kinds: kinds.clone(),
+        }),
+        Op::Badges { users } => Change::GetBadgeCounts(GetBadgeCountsRequest {
+            user_ids: users.clone(),
+        }),
+        Op::Read { .. } => return None,
     })
 }
 
-async fn delete(
-    service: &ReadStatesService,
-    user_id: u64,
-    keys: Vec<ReadStateKey>,
-    all: bool,
-) -> Result<Observed, Status> {
-    let request = DeleteReadStatesRequest { user_id, keys, all };
-    let response = service.delete_read_states(Request::new(request)).await?;
-    let response = response.into_inner();
-    Ok(Observed::Count(response.deleted, response.version))
+/// What an answer says: the number `apply` predicts, or what was read.
+fn observed(outcome: ApplyOutcome) -> Observed {
+    match outcome {
+        ApplyOutcome::Ack(r) => Observed::Count(u32::from(r.applied), r.version),
+        ApplyOutcome::BulkAck(r) => Observed::Version(r.version),
+        ApplyOutcome::MessageCreated(r) => Observed::Count(r.updated, 0),
+        ApplyOutcome::DeleteReadStates(r) => Observed::Count(r.deleted, r.version),
+        ApplyOutcome::AckAll(r) => Observed::Count(r.updated, r.version),
+        ApplyOutcome::GetBadgeCounts(r) => Observed::Badges(
+            r.counts
+                .iter()
+                .map(|c| (c.total_mention_count, c.unread_channel_count))
+                .collect(),
+        ),
+        other => panic!("the simulation sends no change answered {other:?}"),
+    }
+}
+
+/// What a unary call of `op` answered.
+async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> {
+    let Some(change) = change(op) else {
+        let Op::Read { user } = op else {
+            unreachable!("every other op is a change")
+        };
+        let request = GetReadStatesRequest {
+            user_id: *user,
+            ..GetReadStatesRequest::default()
+        };
+        let response = service
+            .get_read_states(Request::new(request))
+            .await?
+            .into_inner();
+        return Ok(Observed::Read(
+            from_proto(&response.read_states),
+            response.version,
+        ));
+    };
+    let outcome = match change {
+        Change::Ack(r) => ApplyOutcome::Ack(service.ack(Request::new(r)).await?.into_inner()),
+        Change::BulkAck(r) => {
+            ApplyOutcome::BulkAck(service.bulk_ack(Request::new(r)).await?.into_inner())
+        }
+        Change::MessageCreated(r) => ApplyOutcome::MessageCreated(
+            service.message_created(Request::new(r)).await?.into_inner(),
+        ),
+        Change::DeleteReadStates(r) => ApplyOutcome::DeleteReadStates(
+            service
+                .delete_read_states(Request::new(r))
+                .await?
+                .into_inner(),
+        ),
+        Change::AckAll(r) => {
+            ApplyOutcome::AckAll(service.ack_all(Request::new(r)).await?.into_inner())
+        }
+        Change::GetBadgeCounts(r) => ApplyOutcome::GetBadgeCounts(
+            service
+                .get_badge_counts(Request::new(r))
+                .await?
+                .into_inner(),
+        ),
+        other => panic!("the simulation sends no {other:?}"),
+    };
+    Ok(observed(outcome))
+}
+
+/// An Apply stream into the service, without a transport: each batch is
+/// framed as gRPC frames it and decoded by tonic, as the server does.
+struct Applier {
+    frames: mpsc::UnboundedSender<Result<Frame<Bytes>, Infallible>>,
+    results: <ReadStatesService as ReadStates>::ApplyStream,
+}
+
+impl Applier {
+    async fn open(service: &ReadStatesService) -> Applier {
+        let (frames, body) = mpsc::unbounded_channel();
+        let body = StreamBody::new(UnboundedReceiverStream::new(body));
+        let decoder = ProstCodec::<ApplyResponse, ApplyRequest>::default().decoder();
+        let requests = Streaming::new_request(decoder, body, None, None);
+        let results = service
+            .apply(Request::new(requests))
+            .await
+            .expect("an Apply stream")
+            .into_inner();
+        Applier { frames, results }
+    }
+
+    /// `change` as a batch of one, with `timeout_ms`; its answer, or how
+    /// the stream ended.
+    async fn call(&mut self, change: Change, timeout_ms: u32) -> Result<ApplyOutcome, Status> {
+        let batch = ApplyRequest {
+            items: vec![ApplyItem {
+                id: 1,
+                change: Some(change),
+            }],
+            timeout_ms,
+        };
+        let message = batch.encode_to_vec();
+        let mut frame = BytesMut::with_capacity(5 + message.len());
+        frame.put_u8(0);
+        frame.put_u32(message.len() as u32);
+        frame.put_slice(&message);
+        let _ = self.frames.send(Ok(Frame::data(frame.freeze())));
+        let mut response = match self.results.next().await {
+            Some(response) => response?,
+            None => return Err(Status::unavailable("the stream ended")),
+        };
+        assert_eq!(response.results.len(), 1, "one answer per item");
+        let result = response.results.remove(0);
+        assert_eq!(result.id, 1);
+        match result.outcome.expect("an outcome") {
+            ApplyOutcome::Error(e) => Err(Status::new(Code::from_i32(e.code), e.message)),
+            outcome => Ok(outcome),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -464,6 +542,8 @@ struct Client {
     versions: BTreeMap<u64, u64>,
     rng: fastrand::Rng,
     operations: usize,
+    /// Of them, sent over an Apply stream.
+    streamed: usize,
     unanswered: usize,
 }
 
@@ -479,7 +559,11 @@ impl Client {
     }
 
     /// Runs one lifetime's operations against `service`.
+    /// About half of the changes go over an Apply stream (one item per
+    /// batch: the client waits for each answer); a deadline is then the
+    /// batch's timeout, and an item answered DEADLINE_EXCEEDED is cut.
     async fn run(&mut self, service: &ReadStatesService, users: &[u64], ops: usize) {
+        let mut stream = Applier::open(service).await;
         for _ in 0..ops {
             let op = random_op(&mut self.rng, users);
             self.operations += 1;
@@ -488,11 +572,20 @@ impl Client {
             let expected = apply(&mut after, &op);
             let deadline =
                 (self.rng.u32(0..10) == 0).then(|| Duration::from_millis(self.rng.u64(0..20)));
-            let result = match deadline {
-                Some(deadline) => tokio::time::timeout(deadline, call(service, &op))
+            let streamed = change(&op).filter(|_| self.rng.bool());
+            let result = match (streamed, deadline) {
+                (Some(change), deadline) => {
+                    self.streamed += 1;
+                    let timeout_ms = deadline.map_or(0, |d| d.as_millis().max(1) as u32);
+                    match stream.call(change, timeout_ms).await {
+                        Err(status) if status.code() == Code::DeadlineExceeded => None,
+                        answer => Some(answer.map(observed)),
+                    }
+                }
+                (None, Some(deadline)) => tokio::time::timeout(deadline, call(service, &op))
                     .await
                     .ok(),
-                None => Some(call(service, &op).await),
+                (None, None) => Some(call(service, &op).await),
             };
             match result {
                 Some(Ok(observed)) => {
@@ -644,6 +737,7 @@ enum Expect {
 #[derive(Default)]
 struct Outcome {
     operations: usize,
+    streamed: usize,
     /// Changes refused or cut, then found applied in full or not at all.
     unanswered: usize,
     /// Shutdowns that could not write everything (and said so).
@@ -663,6 +757,7 @@ async fn simulate(seed: u64) -> Outcome {
             versions: BTreeMap::new(),
             rng: fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(c)),
             operations: 0,
+            streamed: 0,
             unanswered: 0,
         })
         .collect();
@@ -788,6 +883,7 @@ async fn simulate(seed: u64) -> Outcome {
     }
     Outcome {
         operations: clients.iter().map(|c| c.operations).sum(),
+        streamed: clients.iter().map(|c| c.streamed).sum(),
         unanswered: clients.iter().map(|c| c.unanswered).sum(),
         lossy_shutdowns,
     }
@@ -817,6 +913,7 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
         match outcome {
             Ok(outcome) => {
                 total.operations += outcome.operations;
+                total.streamed += outcome.streamed;
                 total.unanswered += outcome.unanswered;
                 total.lossy_shutdowns += outcome.lossy_shutdowns;
             }
@@ -827,10 +924,11 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
         }
     }
     println!(
-        "simulation: {} seeds, {} operations ({} refused or cut and resolved), \
-         {} shutdowns that reported unwritten changes, in {:.1?}",
+        "simulation: {} seeds, {} operations ({} over Apply streams; {} refused or cut \
+         and resolved), {} shutdowns that reported unwritten changes, in {:.1?}",
         seeds.len(),
         total.operations,
+        total.streamed,
         total.unanswered,
         total.lossy_shutdowns,
         started.elapsed()
