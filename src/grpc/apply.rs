@@ -4,20 +4,19 @@
 //! per-call transport, which is most of what a small change costs.
 //!
 //! A task per stream reads batches a few ahead ([`READ_AHEAD`]) and
-//! applies each batch's items in order (so one user's changes keep theirs);
-//! once an item waits for a load, the users of the items after it are
-//! loaded concurrently, so that a batch of cold users waits for about one
-//! load, not one per item. Its results go out as
+//! applies each batch's items in order for each user; an item that has to
+//! wait (a load, an owner elsewhere) lets the items of other users go on
+//! (see [`ReadStatesService::apply_batch`]). Its results go out as
 //! one response per batch; a client that does not read them stops the task,
 //! which then stops reading: memory per stream stays bounded, and the
 //! client is slowed by flow control. Shutdown answers the items read but
 //! not applied with UNAVAILABLE and ends the stream with UNAVAILABLE.
 
-use std::future::Future;
-use std::pin::{Pin, pin};
+use std::collections::HashSet;
+use std::pin::Pin;
 use std::task::Poll;
 
-use futures::future::{Either, select};
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Duration, Instant};
@@ -45,9 +44,6 @@ const READ_AHEAD: usize = 4;
 
 /// Responses the client has not read yet before the stream stops applying.
 const UNREAD_RESPONSES: usize = 4;
-
-/// Users of a batch loaded at once, before its items are applied.
-const LOADS_AHEAD: usize = 64;
 
 /// Each item kind's metrics (method `Apply.<Kind>`), apart from the unary
 /// calls'.
@@ -174,12 +170,14 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
 }
 
 impl ReadStatesService {
-    /// Every item of `batch`, answered: applied in order, each within the
-    /// batch's timeout; those left when shutdown begins are not applied.
-    /// The first item that has to wait (its user is not cached) starts
-    /// loading the users of the items after it, so that a batch of cold
-    /// users waits for about one load, and a batch of cached ones looks
-    /// up no user twice.
+    /// Every item of `batch`, answered, each within the batch's timeout;
+    /// those left when shutdown begins are not applied. Items start in
+    /// order, and an item that has to wait (a load, an owner elsewhere)
+    /// waits while the items after it go on, unless they touch one of its
+    /// users: those wait until every item under way is done, so each
+    /// user's changes apply in the order sent. A batch of cached users
+    /// runs one item after another with nothing to spare; one of cold or
+    /// remote users waits for about one load or round trip, not one each.
     async fn apply_batch(&self, batch: ApplyRequest, hop: &Hop) -> Vec<ApplyResult> {
         let started = Instant::now();
         if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
@@ -191,10 +189,23 @@ impl ReadStatesService {
         }
         let until = (batch.timeout_ms > 0)
             .then(|| started + Duration::from_millis(batch.timeout_ms.into()));
-        let users = users_of(&batch.items);
-        let mut loading: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
-        let mut results = Vec::with_capacity(batch.items.len());
-        for (index, item) in batch.items.into_iter().enumerate() {
+        let mut results: Vec<ApplyResult> = Vec::with_capacity(batch.items.len());
+        let mut waiting = FuturesUnordered::new();
+        // The users of the items in `waiting`.
+        let mut busy: HashSet<u64> = HashSet::new();
+        for item in batch.items {
+            let users = touched(&item);
+            if users.iter().any(|user| busy.contains(user)) {
+                while let Some(answer) = waiting.next().await {
+                    answered(&mut results, answer);
+                }
+                busy.clear();
+            }
+            let index = results.len();
+            results.push(ApplyResult {
+                id: item.id,
+                outcome: None,
+            });
             let outcome = if self.stopping.is_cancelled() {
                 Outcome::Error(apply_error(&Error::ShuttingDown.into()))
             } else if until.is_some_and(|until| Instant::now() >= until) {
@@ -205,40 +216,22 @@ impl ReadStatesService {
                     until,
                     hop: hop.clone(),
                 };
-                let mut applying = pin!(self.apply_item(item.change, origin));
+                let mut applying = Box::pin(self.apply_item(item.change, origin));
                 match futures::poll!(applying.as_mut()) {
                     Poll::Ready(outcome) => outcome,
                     Poll::Pending => {
-                        let loading = loading.get_or_insert_with(|| {
-                            let ahead = users.iter().filter(|&&(i, _)| i > index);
-                            let users = ahead.map(|&(_, user)| user).collect();
-                            // Fused: once done, it waits forever in the
-                            // `select`s of the items after.
-                            Box::pin(self.load_ahead(users).fuse())
-                        });
-                        match select(applying, loading.as_mut()).await {
-                            Either::Left((outcome, _)) => outcome,
-                            Either::Right(((), applying)) => applying.await,
-                        }
+                        busy.extend(users);
+                        waiting.push(applying.map(move |outcome| (index, outcome)));
+                        continue;
                     }
                 }
             };
-            results.push(ApplyResult {
-                id: item.id,
-                outcome: Some(outcome),
-            });
+            results[index].outcome = Some(outcome);
+        }
+        while let Some(answer) = waiting.next().await {
+            answered(&mut results, answer);
         }
         results
-    }
-
-    /// Loads `users` (a request for one being loaded waits for that load),
-    /// [`LOADS_AHEAD`] at once; users served elsewhere are skipped there.
-    async fn load_ahead(&self, users: Vec<u64>) {
-        futures::stream::iter(users)
-            .for_each_concurrent(LOADS_AHEAD, |user| async move {
-                let _ = self.cache.load(user).await;
-            })
-            .await;
     }
 
     /// One item, as its unary call would run it.
@@ -328,23 +321,34 @@ impl ReadStatesService {
     }
 }
 
-/// The users of the single-user items, with their places (a change to
-/// many users loads its own concurrently).
-fn users_of(items: &[ApplyItem]) -> Vec<(usize, u64)> {
-    let user = |item: &ApplyItem| match item.change.as_ref()? {
-        Change::Ack(r) => Some(r.user_id),
-        Change::BulkAck(r) => Some(r.user_id),
-        Change::AckAll(r) => Some(r.user_id),
-        Change::SetMuted(r) => Some(r.user_id),
-        Change::DeleteReadStates(r) => Some(r.user_id),
-        Change::MessageCreated(_) | Change::MessageDeleted(_) | Change::GetBadgeCounts(_) => None,
-    };
-    items
-        .iter()
-        .enumerate()
-        .filter_map(|(index, item)| Some((index, user(item)?)))
-        .filter(|&(_, user)| user != 0)
-        .collect()
+/// The users an item touches, as its request names them (the ids of an
+/// invalid one too: it fails anyway).
+fn touched(item: &ApplyItem) -> Vec<u64> {
+    match &item.change {
+        Some(Change::Ack(r)) => vec![r.user_id],
+        Some(Change::BulkAck(r)) => vec![r.user_id],
+        Some(Change::AckAll(r)) => vec![r.user_id],
+        Some(Change::SetMuted(r)) => vec![r.user_id],
+        Some(Change::DeleteReadStates(r)) => vec![r.user_id],
+        Some(Change::MessageCreated(r)) => [r.author_id]
+            .into_iter()
+            .chain(r.mentioned_user_ids.iter().copied())
+            .chain(r.unread_user_ids.iter().copied())
+            .collect(),
+        Some(Change::MessageDeleted(r)) => r
+            .mentioned_user_ids
+            .iter()
+            .chain(&r.unread_user_ids)
+            .copied()
+            .collect(),
+        Some(Change::GetBadgeCounts(r)) => r.user_ids.clone(),
+        None => vec![],
+    }
+}
+
+/// Puts the outcome of the item at `index` in its place.
+fn answered(results: &mut [ApplyResult], (index, outcome): (usize, Outcome)) {
+    results[index].outcome = Some(outcome);
 }
 
 /// An item answered with `error` and not applied.

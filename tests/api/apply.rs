@@ -515,8 +515,9 @@ async fn a_client_that_does_not_read_is_held_back_and_loses_nothing() {
     assert_eq!(applied, BATCHES * ITEMS);
 }
 
-/// Items still to be applied when the batch's timeout passes are answered
-/// DEADLINE_EXCEEDED and not applied.
+/// An item cut by its batch's timeout, and one that could not start in
+/// time (it waits for the first, of the same user), are answered
+/// DEADLINE_EXCEEDED and not applied; other users' items go on.
 #[tokio::test]
 async fn items_late_for_their_batch_timeout_are_not_applied() {
     let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
@@ -527,30 +528,28 @@ async fn items_late_for_their_batch_timeout_are_not_applied() {
         Change::Ack(ack(4, 10, 1)),
         Change::Ack(ack(5, 10, 1)),
         Change::Ack(ack(6, 10, 1)),
+        Change::Ack(ack(5, 10, 2)),
     ]);
     request.timeout_ms = 200;
     stream.send(request).await;
     let mut outcomes = HashMap::new();
-    while outcomes.len() < 3 {
+    while outcomes.len() < 4 {
         for result in stream.next().await.unwrap() {
             outcomes.insert(result.id, result.outcome.unwrap());
         }
     }
-    assert!(
-        matches!(&outcomes[&0], Outcome::Ack(r) if r.applied),
-        "{:?}",
-        outcomes[&0]
-    );
-    for id in [1, 2] {
+    for id in [0, 2] {
+        assert!(
+            matches!(&outcomes[&id], Outcome::Ack(r) if r.applied),
+            "{:?}",
+            outcomes[&id]
+        );
+    }
+    for id in [1, 3] {
         assert_eq!(error(&outcomes[&id]).0, Code::DeadlineExceeded, "item {id}");
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
-    for user in [5, 6] {
-        assert!(
-            app.all_read_states(user).await.read_states.is_empty(),
-            "user {user}"
-        );
-    }
+    assert!(app.all_read_states(5).await.read_states.is_empty());
 }
 
 /// Shutdown while a batch waits for a slow store: what was applied is
@@ -563,8 +562,13 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
     store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_000))).user(9));
     let app = spawn_app_on(test_config(), store.clone()).await;
     let mut stream = Applier::open(&app).await;
-    // The first batch waits for user 9's load; the second is read ahead.
-    let first: Vec<Change> = [1, 2, 9, 3].map(|u| Change::Ack(ack(u, 10, 100))).to_vec();
+    // The first batch waits for user 9's load (its last item, of user 9
+    // too, waits for the first); the second is read ahead.
+    let first: Vec<Change> = [1, 2, 9, 3, 9]
+        .iter()
+        .enumerate()
+        .map(|(i, &u)| Change::Ack(ack(u, 10, 100 + i as u64)))
+        .collect();
     stream.send(batch(first)).await;
     let mut second = batch(vec![Change::Ack(ack(4, 10, 100))]);
     second.items[0].id = 100;
@@ -606,10 +610,10 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
     applied.sort_unstable();
     assert_eq!(
         applied,
-        [0, 1, 2],
+        [0, 1, 2, 3],
         "the items begun before the shutdown are applied, the others not: {outcomes:?}"
     );
-    assert_eq!(outcomes.len(), 5, "every item read is answered");
+    assert_eq!(outcomes.len(), 6, "every item read is answered");
     for id in applied {
         let user = if id == 100 {
             4
@@ -653,10 +657,10 @@ async fn a_batch_of_cold_users_waits_for_about_one_load() {
     );
 }
 
-/// A later item that waits (a message to cold users, not loaded ahead)
-/// after the loads ahead are done is applied like any other.
+/// Several items waiting at once (a slow user's ack, a message to cold
+/// users) are each applied.
 #[tokio::test]
-async fn an_item_that_waits_after_the_loads_ahead_are_done_is_applied() {
+async fn items_that_wait_together_are_each_applied() {
     let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
     store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(300))).user(1));
     let app = spawn_app_on(test_config(), store.clone()).await;
@@ -676,4 +680,49 @@ async fn an_item_that_waits_after_the_loads_ahead_are_done_is_applied() {
         matches!(&outcomes[2], Outcome::MessageCreated(r) if r.updated == 3),
         "{outcomes:?}"
     );
+}
+
+/// Items of a user apply in the order sent, also when the first has to
+/// wait for the user's load and items of other users go on meanwhile.
+#[tokio::test]
+async fn a_users_items_apply_in_order_while_others_go_on() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(300))).user(1));
+    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let manual = AckRequest {
+        manual: true,
+        mention_count: 2,
+        unread_count: 3,
+        ..ack(1, 10, 50)
+    };
+    let outcomes = stream
+        .apply(vec![
+            Change::Ack(ack(1, 10, 100)),
+            Change::Ack(ack(2, 10, 100)),
+            Change::Ack(manual),
+            Change::Ack(ack(2, 10, 120)),
+        ])
+        .await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Ack(r) if r.applied)),
+        "{outcomes:?}"
+    );
+    let (states, ..) = states(&mut app, 1).await;
+    assert_eq!(
+        (
+            states[0].last_acked_id,
+            states[0].mention_count,
+            states[0].unread_count
+        ),
+        (50, 2, 3),
+        "the manual ack, sent last, is what stays"
+    );
+    assert_eq!(states_of(&mut app, 2).await, 120);
+}
+
+async fn states_of(app: &mut TestApp, user_id: u64) -> u64 {
+    app.all_read_states(user_id).await.read_states[0].last_acked_id
 }
