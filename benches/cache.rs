@@ -1,6 +1,7 @@
 //! Cache operations on cached users, side by side with the obvious
-//! alternative (one `Mutex<LruCache<(user, channel), state>>`), plus the
-//! miss path: load, insert and evict.
+//! alternative (one `Mutex<LruCache<(user, channel), state>>`), on random
+//! users of many (each a CPU cache miss), plus the miss path: load, insert
+//! and evict.
 //!
 //! cargo bench --bench cache
 
@@ -150,6 +151,69 @@ fn cached_operations(c: &mut Criterion) {
     });
 }
 
+/// Random users of 100,000 (2 M read states, far more than the CPU's
+/// caches), as the loadtest's workloads draw them: what a request costs
+/// when each user it touches is a cache miss.
+fn cold_operations(c: &mut Criterion) {
+    const COLD_USERS: u64 = 100_000;
+    let rt = runtime();
+    let cache = cache((COLD_USERS * CHANNELS) as usize * 2);
+    rt.block_on(async {
+        for user_id in 1..=COLD_USERS {
+            cache
+                .update(user_id, |user, now| {
+                    for channel_id in 1..=CHANNELS {
+                        user.ack(Key::channel(channel_id), 10, now);
+                    }
+                })
+                .await
+                .unwrap();
+        }
+    });
+    let mut group = c.benchmark_group("cold");
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut random = move || {
+        // xorshift: no dependency, and the same draws every run.
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut message_id = 100u64;
+    group.bench_function("ack", |b| {
+        b.to_async(&rt).iter(|| {
+            message_id += 1;
+            let (cache, user_id, id) = (cache.clone(), random() % COLD_USERS + 1, message_id);
+            async move {
+                let acked = cache
+                    .update(user_id, |u, now| {
+                        u.ack(Key::channel(id % CHANNELS + 1), id, now)
+                    })
+                    .await
+                    .unwrap();
+                black_box(acked)
+            }
+        })
+    });
+    group.bench_function("message_created_12_users", |b| {
+        b.to_async(&rt).iter(|| {
+            message_id += 1;
+            let users: Vec<u64> = (0..12).map(|_| random() % COLD_USERS + 1).collect();
+            let (cache, id) = (cache.clone(), message_id);
+            async move {
+                let changed = cache
+                    .update_many(&users, |i, u, now| {
+                        u.message_created(Key::channel(id % CHANNELS + 1), id, i == 0, now)
+                    })
+                    .await
+                    .unwrap();
+                black_box(changed)
+            }
+        })
+    });
+    group.finish();
+}
+
 fn miss_path(c: &mut Criterion) {
     let rt = runtime();
     // The store holds 10,000 users of CHANNELS read states; the cache has
@@ -188,6 +252,6 @@ fn miss_path(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = cached_operations, miss_path
+    targets = cached_operations, cold_operations, miss_path
 }
 criterion_main!(benches);
