@@ -43,11 +43,6 @@ const RELEASE_POLL: Duration = Duration::from_millis(5);
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
 
-/// The most users a change to many users changes with all their shards
-/// locked at once (see [`Cache::change_cached`]): a bigger one takes each
-/// lock in turn, so that it never holds up many shards for long.
-const CHANGED_AT_ONCE: usize = 32;
-
 /// Write-through mode: how long after a change write-behind writes it if the
 /// request's own write failed or never finished.
 const WRITE_THROUGH_FALLBACK: Duration = Duration::from_secs(1);
@@ -240,13 +235,6 @@ impl Cache {
         mut change: impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
     ) -> Result<Vec<R>, Error> {
         self.check_unwritten()?;
-        if user_ids.len() <= CHANGED_AT_ONCE
-            && let Some(applied) = self.change_cached(user_ids, &mut change)
-        {
-            let (results, writes) = applied?;
-            self.write_through(writes).await?;
-            return Ok(results);
-        }
         let pins = self.pin_all(user_ids).await?;
         let entry = self.gate.enter()?;
         // Inside the gate, a release of these users' slots either waits for
@@ -291,109 +279,6 @@ impl Cache {
         pins.let_go();
         self.write_through(writes).await?;
         Ok(results)
-    }
-
-    /// [`Cache::change_many`] of users that are all cached, without an
-    /// `.await`: every shard of theirs locked at once (in increasing order,
-    /// so two such changes never wait on each other), each user pinned (so
-    /// that changing one never evicts another), changed and let go; one
-    /// lock per shard, and no pin outlives the locks. `None`, having changed
-    /// nothing, if one of them is not cached.
-    #[allow(clippy::type_complexity)]
-    fn change_cached<R>(
-        &self,
-        user_ids: &[u64],
-        change: &mut impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
-    ) -> Option<Result<(Vec<R>, Vec<UserWrite>), Error>> {
-        let shard_of: Vec<usize> = user_ids.iter().map(|&u| self.shard_of(u)).collect();
-        let mut indices = shard_of.clone();
-        indices.sort_unstable();
-        indices.dedup();
-        let mut locked: Vec<MutexGuard<'_, Shard>> =
-            indices.iter().map(|&index| self.lock(index)).collect();
-        // Where each user's shard is in `locked`.
-        let places: Vec<usize> = shard_of
-            .iter()
-            .map(|index| indices.binary_search(index).unwrap_or_default())
-            .collect();
-        // Looked up before any is pinned, so that the misses overlap (see
-        // `Shard::warm`).
-        if !user_ids
-            .iter()
-            .zip(&places)
-            .all(|(&user_id, &place)| locked[place].holds(user_id))
-        {
-            self.unlock_all(&indices, locked);
-            return None;
-        }
-        for (k, &user_id) in user_ids.iter().enumerate() {
-            if !locked[places[k]].pin(user_id) {
-                for (j, &pinned) in user_ids[..k].iter().enumerate() {
-                    locked[places[j]].unpin(pinned, None);
-                }
-                self.unlock_all(&indices, locked);
-                return None;
-            }
-        }
-        for &place in &places {
-            locked[place].count_lookup(true);
-        }
-        let applied = self.change_pinned(user_ids, &places, &mut locked, change);
-        for (k, &user_id) in user_ids.iter().enumerate() {
-            locked[places[k]].unpin(user_id, None);
-        }
-        self.unlock_all(&indices, locked);
-        Some(applied)
-    }
-
-    /// The apply of [`Cache::change_cached`], inside the gate.
-    #[allow(clippy::type_complexity)]
-    fn change_pinned<R>(
-        &self,
-        user_ids: &[u64],
-        places: &[usize],
-        locked: &mut [MutexGuard<'_, Shard>],
-        change: &mut impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
-    ) -> Result<(Vec<R>, Vec<UserWrite>), Error> {
-        let _entry = self.gate.enter()?;
-        // Inside the gate and under the users' locks: a release of their
-        // slots is seen here, or waits for this change.
-        for &user_id in user_ids {
-            self.served(user_id)?;
-        }
-        let warmed = user_ids
-            .iter()
-            .zip(places)
-            .fold(0u64, |sum, (&user_id, &place)| {
-                sum.wrapping_add(locked[place].warm(user_id))
-            });
-        std::hint::black_box(warmed);
-        let now_us = clock::now_micros();
-        let mut results = Vec::with_capacity(user_ids.len());
-        let mut writes = Vec::new();
-        for (index, &user_id) in user_ids.iter().enumerate() {
-            match change(&mut locked[places[index]], index, user_id, now_us) {
-                Some((result, write)) => {
-                    results.push(result);
-                    writes.extend(write);
-                }
-                // Cannot happen: a pinned user is never evicted.
-                None => tracing::error!(user_id, "a pinned user was not held; skipped"),
-            }
-        }
-        Ok((results, writes))
-    }
-
-    /// Drops the locks of shards `indices`, then wakes the writers of
-    /// those that asked for it (as [`Cache::with_shard`] does).
-    fn unlock_all(&self, indices: &[usize], mut locked: Vec<MutexGuard<'_, Shard>>) {
-        let wake: Vec<bool> = locked.iter_mut().map(|shard| shard.take_wake()).collect();
-        drop(locked);
-        for (&index, wake) in indices.iter().zip(wake) {
-            if wake {
-                self.wakers[index].notify_one();
-            }
-        }
     }
 
     /// Applies a change to a held user; in write-through mode, also takes

@@ -379,20 +379,6 @@ impl Shard {
         }
     }
 
-    /// Reads the middle read state of a held user, where a search for any
-    /// of its keys starts (0 if none): a pass of these over the users of a
-    /// change, before it changes them, lets their memory misses overlap
-    /// instead of coming one after another.
-    pub(crate) fn warm(&self, user_id: u64) -> u64 {
-        let Some(slot) = self.users.find(user_id) else {
-            return 0;
-        };
-        let entries = self.view(slot).entries();
-        entries
-            .get(entries.len() / 2)
-            .map_or(0, |state| state.last_message_id)
-    }
-
     /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
     pub(crate) fn pin(&mut self, user_id: u64) -> bool {
         match self.hold(user_id) {
