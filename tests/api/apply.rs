@@ -21,7 +21,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
-use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
+use crate::helpers::{
+    TestApp, garbage_stream, spawn_app, spawn_app_on, spawn_app_with, test_config,
+};
 
 /// One open Apply stream (the fleet tests use it too).
 pub struct Applier {
@@ -393,39 +395,13 @@ async fn bad_items_get_the_unary_errors_and_the_stream_goes_on() {
     );
 }
 
-/// Bytes that do not decode as an `ApplyRequest`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Garbage {
-    #[prost(bytes = "vec", tag = "1")]
-    junk: Vec<u8>,
-}
-
 #[tokio::test]
 async fn a_stream_of_garbage_ends_alone() {
     let app = spawn_app().await;
     let mut good = Applier::open(&app).await;
     good.apply(vec![Change::Ack(ack(1, 10, 1))]).await;
 
-    let mut grpc = tonic::client::Grpc::new(app.channel().await);
-    grpc.ready().await.unwrap();
-    let path =
-        tonic::codegen::http::uri::PathAndQuery::from_static("/readstates.v1.ReadStates/Apply");
-    let codec = tonic_prost::ProstCodec::<Garbage, ApplyResponse>::default();
-    let garbage = tokio_stream::iter(vec![Garbage {
-        junk: vec![0xff; 16],
-    }]);
-    let outcome = async {
-        let mut responses = grpc
-            .streaming(tonic::Request::new(garbage), path, codec)
-            .await?
-            .into_inner();
-        while responses.message().await?.is_some() {}
-        Ok::<(), tonic::Status>(())
-    };
-    let status = tokio::time::timeout(Duration::from_secs(5), outcome)
-        .await
-        .expect("ends")
-        .unwrap_err();
+    let status = garbage_stream(&app, "/readstates.v1.ReadStates/Apply").await;
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
 
     let outcomes = good.apply(vec![Change::Ack(ack(1, 10, 2))]).await;

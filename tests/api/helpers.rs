@@ -209,3 +209,38 @@ async fn start(app: Application, connect: impl AsyncFnOnce(SocketAddr) -> Channe
         running,
     }
 }
+
+/// Field 1 of a request carrying bytes that are no protobuf: a request
+/// stream of it cannot be decoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Garbage {
+    #[prost(bytes = "vec", tag = "1")]
+    junk: Vec<u8>,
+}
+
+/// Opens a client stream on `path` (`/package.Service/Method`), sends one
+/// frame of garbage, and reads until the stream ends: the status it ends
+/// with, within 5 s.
+pub async fn garbage_stream(app: &TestApp, path: &'static str) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(app.channel().await);
+    grpc.ready().await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(path);
+    // What comes back never decodes as anything but empty: only the status
+    // matters.
+    let codec = tonic_prost::ProstCodec::<Garbage, ()>::default();
+    let requests = tokio_stream::iter(vec![Garbage {
+        junk: vec![0xff; 16],
+    }]);
+    let outcome = async {
+        let mut responses = grpc
+            .streaming(tonic::Request::new(requests), path, codec)
+            .await?
+            .into_inner();
+        while responses.message().await?.is_some() {}
+        Ok::<(), tonic::Status>(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), outcome)
+        .await
+        .expect("ends")
+        .expect_err("an error status")
+}

@@ -15,7 +15,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::helpers::{
-    TestApp, spawn_app, spawn_app_on, spawn_app_with, spawn_process, terminate, test_config,
+    TestApp, garbage_stream, spawn_app, spawn_app_on, spawn_app_with, spawn_process, terminate,
+    test_config,
 };
 use crate::raw_h2;
 
@@ -378,14 +379,6 @@ async fn bad_requests_are_rejected_and_the_stream_goes_on() {
     app.all_read_states(1).await;
 }
 
-/// Field 1 of WatchRequest (`subscribe`) carrying bytes that are no
-/// protobuf: the request stream cannot be decoded.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Garbage {
-    #[prost(bytes = "vec", tag = "1")]
-    junk: Vec<u8>,
-}
-
 #[tokio::test]
 async fn a_stream_of_garbage_ends_alone() {
     let app = spawn_app().await;
@@ -393,27 +386,7 @@ async fn a_stream_of_garbage_ends_alone() {
     good.subscribe(1, 0).await;
     good.changed().await;
 
-    let mut grpc = tonic::client::Grpc::new(app.channel().await);
-    grpc.ready().await.unwrap();
-    let garbage = Garbage {
-        junk: vec![0xff; 16],
-    };
-    let path =
-        tonic::codegen::http::uri::PathAndQuery::from_static("/readstates.v1.ReadStates/Watch");
-    let codec = tonic_prost::ProstCodec::<Garbage, WatchEvent>::default();
-    let requests = tokio_stream::iter(vec![garbage]);
-    let outcome = async {
-        let mut events = grpc
-            .streaming(tonic::Request::new(requests), path, codec)
-            .await?
-            .into_inner();
-        while events.message().await?.is_some() {}
-        Ok::<(), tonic::Status>(())
-    };
-    let status = tokio::time::timeout(Duration::from_secs(5), outcome)
-        .await
-        .expect("ends")
-        .unwrap_err();
+    let status = garbage_stream(&app, "/readstates.v1.ReadStates/Watch").await;
     assert_ne!(status.code(), Code::Ok, "{status:?}");
 
     let mut client = app.client.clone();
