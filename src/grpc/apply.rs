@@ -120,14 +120,12 @@ async fn serve(
                 return;
             }
         };
+        // Applied: answered even if shutdown begins meanwhile, as soon as
+        // the client reads (one that never does is cut off when the
+        // shutdown's grace for requests runs out).
         let results = service.apply_batch(batch, &hop).await;
-        let sending = responses.send(Ok(ApplyResponse { results }));
-        // A client that reads nothing more holds the stream only until
-        // shutdown, which would answer nothing more either.
-        tokio::select! {
-            biased;
-            sent = sending => if sent.is_err() { return },
-            () = stopping.cancelled() => return,
+        if responses.send(Ok(ApplyResponse { results })).await.is_err() {
+            return;
         }
     }
     // Shutdown: what was read is answered, unapplied, and the stream ends.
@@ -138,11 +136,11 @@ async fn serve(
             .iter()
             .map(|item| refused(item.id, &Error::ShuttingDown))
             .collect();
-        if responses.try_send(Ok(ApplyResponse { results })).is_err() {
+        if responses.send(Ok(ApplyResponse { results })).await.is_err() {
             return;
         }
     }
-    let _ = responses.try_send(Err(Error::ShuttingDown.into()));
+    let _ = responses.send(Err(Error::ShuttingDown.into())).await;
 }
 
 /// A batch read ahead, or why the request stream cannot be read (boxed: a

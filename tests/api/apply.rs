@@ -702,3 +702,88 @@ async fn a_users_items_apply_in_order_while_others_go_on() {
 async fn states_of(app: &mut TestApp, user_id: u64) -> u64 {
     app.all_read_states(user_id).await.read_states[0].last_acked_id
 }
+
+/// A client that has fallen behind in reading when shutdown begins still
+/// gets, as it reads on, the answer of every item applied, then
+/// UNAVAILABLE; what was answered OK is what was written.
+#[tokio::test]
+async fn a_client_behind_at_shutdown_gets_every_answer_then_unavailable() {
+    let durable = Arc::new(MemoryStore::new());
+    let app = spawn_app_on(test_config(), durable.clone()).await;
+    let channel = Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = Applier::try_open(channel, 64).await.unwrap();
+    const ITEMS: u64 = 500;
+    for b in 0..40 {
+        let items = (1..=ITEMS)
+            .map(|i| {
+                let id = b * ITEMS + i;
+                ApplyItem {
+                    id,
+                    change: Some(Change::Ack(ack(1, 10, id))),
+                }
+            })
+            .collect();
+        let _ = stream.batches.try_send(ApplyRequest {
+            items,
+            timeout_ms: 0,
+        });
+    }
+    // The server stops, blocked on answers the client has not read.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopping = tokio::spawn(app.stop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut applied = 0;
+    let status = loop {
+        match stream.results.message().await {
+            Ok(Some(response)) => {
+                for result in response.results {
+                    if let Some(Outcome::Ack(r)) = result.outcome {
+                        assert!(r.applied);
+                        applied = applied.max(result.id);
+                    }
+                }
+            }
+            Ok(None) => panic!("the stream must end with UNAVAILABLE, not OK"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    stopping.await.unwrap();
+    let written = durable.load(1).await.unwrap();
+    assert!(applied > 0);
+    assert_eq!(
+        written.read_states[0].last_acked_id, applied,
+        "every applied ack was answered"
+    );
+}
+
+/// A client that never reads does not hold up shutdown past its grace for
+/// requests, and every change is still written.
+#[tokio::test]
+async fn a_client_that_never_reads_does_not_hold_up_shutdown() {
+    let app = spawn_app().await;
+    let channel = Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let stream = Applier::try_open(channel, 64).await.unwrap();
+    for b in 0..40u64 {
+        let changes = (1..=500)
+            .map(|i| Change::Ack(ack(1, 10, b * 500 + i)))
+            .collect();
+        let _ = stream.batches.try_send(batch(changes));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = tokio::time::timeout(Duration::from_secs(20), app.stop())
+        .await
+        .expect("shutdown ends within its grace");
+    assert_eq!(report.unwritten, 0);
+    drop(stream);
+}
