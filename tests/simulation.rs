@@ -502,6 +502,7 @@ impl Applier {
             items: vec![ApplyItem {
                 id: 1,
                 change: Some(change),
+                ..ApplyItem::default()
             }],
             timeout_ms,
         };

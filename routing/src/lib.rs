@@ -10,10 +10,13 @@
 //! - [`proto`]: the `readstates.v1` API (client and server).
 //! - [`client`]: a client for a fleet that sends each request to its
 //!   user's owner, from the routing table, following redirects.
+//! - [`apply`]: one `Apply` stream to a node, shared by many callers, its
+//!   changes sent in batches of what is queued.
 
 #![forbid(unsafe_code)]
 
 pub mod address;
+pub mod apply;
 pub mod client;
 pub mod proto;
 pub mod ring;

@@ -3,27 +3,35 @@
 //! routing, so it means exactly what the call means; the stream saves the
 //! per-call transport, which is most of what a small change costs.
 //!
-//! A task per stream reads batches a few ahead ([`READ_AHEAD`]) and
-//! applies each batch's items in order for each user; an item that has to
-//! wait (a load, an owner elsewhere) lets the items of other users go on
-//! (see [`ReadStatesService::apply_batch`]). Its results go out as
-//! one response per batch; a client that does not read them stops the task,
-//! which then stops reading: memory per stream stays bounded, and the
-//! client is slowed by flow control. Shutdown answers the items read but
-//! not applied with UNAVAILABLE and ends the stream with UNAVAILABLE.
+//! A task per stream reads batches a few ahead ([`READ_AHEAD`]) and starts
+//! their items in order ([`Items`]). An item done at once (a cached user)
+//! is answered in the response of its batch; one that has to wait (a load,
+//! an owner elsewhere) waits without holding up the stream, and is
+//! answered in a later response when it is done. On a stream from a
+//! client, an item touching a user of an item under way is held until
+//! that one is done, so each user's changes apply in the order sent; a
+//! stream from another node carries its callers' independent changes (a
+//! node starts a client's next change of a user only once the last is
+//! answered), which all go on at once. At most [`MAX_ITEMS`] items are
+//! under way or unsent per stream, and the task stops reading past them,
+//! or when the client does not read its results: memory per stream stays
+//! bounded, and the client is slowed by flow control. Shutdown answers the
+//! items begun once they are done, refuses the rest with UNAVAILABLE, and
+//! ends the stream with UNAVAILABLE.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Context, Poll, Waker};
 
 use futures::stream::FuturesUnordered;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::{Stream, StreamExt};
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Duration, Instant};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::route::Hop;
+use super::route::{EPOCH, Hop, OWNER};
 use super::validate::{self, MAX_APPLY_ITEMS};
 use super::{
     Origin, ReadStatesService, ack, ack_all, bulk_ack, delete_read_states, get_badge_counts,
@@ -37,13 +45,16 @@ use crate::proto::{ApplyError, ApplyItem, ApplyRequest, ApplyResponse, ApplyResu
 
 pub type ApplyStream = Pin<Box<dyn Stream<Item = Result<ApplyResponse, Status>> + Send>>;
 
-/// Batches read ahead of the one being applied: the client's next batches
-/// are on hand when one is done, and at most this many (of up to
-/// [`MAX_APPLY_ITEMS`] items each) wait in memory.
+/// Batches read ahead of the items being started: the client's next
+/// batches are on hand when the items before are under way.
 const READ_AHEAD: usize = 4;
 
-/// Responses the client has not read yet before the stream stops applying.
+/// Responses the client has not read yet before the stream stops sending.
 const UNREAD_RESPONSES: usize = 4;
+
+/// Items under way, held or answered and not sent, per stream, past which
+/// it reads no further batch.
+const MAX_ITEMS: usize = 4 * MAX_APPLY_ITEMS;
 
 /// Each item kind's metrics (method `Apply.<Kind>`), apart from the unary
 /// calls'.
@@ -92,7 +103,7 @@ pub fn handle(
 
 type Responses = mpsc::Sender<Result<ApplyResponse, Status>>;
 
-/// Applies the stream's batches until it ends, the client goes away, or
+/// Applies the stream's items until it ends, the client goes away, or
 /// shutdown begins.
 async fn serve(
     service: ReadStatesService,
@@ -103,44 +114,62 @@ async fn serve(
     let (read, mut pending) = mpsc::channel(READ_AHEAD);
     tokio::spawn(read_requests(requests, read));
     let stopping = service.stopping.clone();
+    let mut items = Items::new(&service, hop);
+    // Why the stream ends before shutdown: the client half-closed (`None`),
+    // or sent what does not decode.
+    let mut ended: Option<Option<Status>> = None;
     loop {
-        let next = tokio::select! {
+        if ended.is_some() && items.is_empty() {
+            break;
+        }
+        tokio::select! {
             biased;
-            () = stopping.cancelled() => break,
-            () = responses.closed() => return,
-            next = pending.recv() => next,
-        };
-        let batch = match next {
-            Some(Ok(batch)) => batch,
-            // The client half-closed, and every item is answered.
-            None => return,
-            Some(Err(status)) => {
-                let error = Error::BadStream(status.message().to_owned());
-                let _ = responses.send(Err(error.into())).await;
-                return;
+            () = stopping.cancelled() => {
+                items.stop();
+                break;
             }
-        };
-        // Applied: answered even if shutdown begins meanwhile, as soon as
-        // the client reads (one that never does is cut off when the
-        // shutdown's grace for requests runs out).
-        let results = service.apply_batch(batch, &hop).await;
-        if responses.send(Ok(ApplyResponse { results })).await.is_err() {
-            return;
+            () = responses.closed() => return,
+            permit = responses.reserve(), if !items.answered.is_empty() => {
+                let Ok(permit) = permit else { return };
+                permit.send(Ok(items.take_answered()));
+            }
+            Some(done) = items.waiting.next(), if !items.waiting.is_empty() => items.done(done),
+            next = pending.recv(), if ended.is_none() && items.len() < MAX_ITEMS => match next {
+                Some(Ok(batch)) => items.read(batch),
+                None => ended = Some(None),
+                Some(Err(status)) => {
+                    ended = Some(Some(Error::BadStream(status.message().to_owned()).into()));
+                }
+            },
         }
     }
-    // Shutdown: what was read is answered, unapplied, and the stream ends.
-    pending.close();
-    while let Some(Ok(batch)) = pending.recv().await {
-        let results = batch
-            .items
-            .iter()
-            .map(|item| refused(item.id, &Error::ShuttingDown))
-            .collect();
-        if responses.send(Ok(ApplyResponse { results })).await.is_err() {
-            return;
-        }
+    // Items begun are done and answered, also on shutdown.
+    while let Some(done) = items.waiting.next().await {
+        items.done(done);
     }
-    let _ = responses.send(Err(Error::ShuttingDown.into())).await;
+    if !items.answered.is_empty() && responses.send(Ok(items.take_answered())).await.is_err() {
+        return;
+    }
+    let status = match ended {
+        Some(None) => return,
+        Some(Some(status)) => status,
+        // Shutdown: what was read and not begun is answered, unapplied.
+        None => {
+            pending.close();
+            while let Some(Ok(batch)) = pending.recv().await {
+                let results = batch
+                    .items
+                    .iter()
+                    .map(|item| refused(item.id, &Error::ShuttingDown))
+                    .collect();
+                if responses.send(Ok(ApplyResponse { results })).await.is_err() {
+                    return;
+                }
+            }
+            Error::ShuttingDown.into()
+        }
+    };
+    let _ = responses.send(Err(status)).await;
 }
 
 /// A batch read ahead, or why the request stream cannot be read (boxed: a
@@ -167,71 +196,214 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
     }
 }
 
-impl ReadStatesService {
-    /// Every item of `batch`, answered, each within the batch's timeout;
-    /// those left when shutdown begins are not applied. Items start in
-    /// order, and an item that has to wait (a load, an owner elsewhere)
-    /// waits while the items after it go on, unless they touch one of its
-    /// users: those wait until every item under way is done, so each
-    /// user's changes apply in the order sent. A batch of cached users
-    /// runs one item after another with nothing to spare; one of cold or
-    /// remote users waits for about one load or round trip, not one each.
-    async fn apply_batch(&self, batch: ApplyRequest, hop: &Hop) -> Vec<ApplyResult> {
-        let started = Instant::now();
-        if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
-            return batch
-                .items
-                .iter()
-                .map(|item| refused(item.id, &error))
-                .collect();
+/// An item read and not begun.
+struct Item {
+    id: u64,
+    change: Option<Change>,
+    /// The users it touches (kept only on a stream that orders them).
+    users: Vec<u64>,
+    started: Instant,
+    until: Option<Instant>,
+}
+
+/// An item that was waiting, done: its id, users and outcome.
+type Done = (u64, Vec<u64>, Outcome);
+
+type Waiting<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send + 'a>>>;
+
+/// The items of one stream from when they are read until their answers
+/// are sent.
+struct Items<'a> {
+    service: &'a ReadStatesService,
+    hop: Hop,
+    /// Whether each user's items wait for the ones before (a stream from
+    /// a client).
+    ordered: bool,
+    /// Begun, waiting for a load or another node.
+    waiting: Waiting<'a>,
+    /// Per user, how many items in `waiting` touch it.
+    busy: HashMap<u64, usize>,
+    /// Not begun: each touches a user of an item waiting or held before
+    /// it, in the order read.
+    held: VecDeque<Item>,
+    /// Per user, how many items in `held` touch it.
+    held_users: HashMap<u64, usize>,
+    /// Answered, not sent yet.
+    answered: Vec<ApplyResult>,
+}
+
+impl<'a> Items<'a> {
+    fn new(service: &'a ReadStatesService, hop: Hop) -> Items<'a> {
+        Items {
+            service,
+            ordered: hop == Hop::First,
+            hop,
+            waiting: FuturesUnordered::new(),
+            busy: HashMap::new(),
+            held: VecDeque::new(),
+            held_users: HashMap::new(),
+            answered: Vec::new(),
         }
-        let until = (batch.timeout_ms > 0)
-            .then(|| started + Duration::from_millis(batch.timeout_ms.into()));
-        let mut results: Vec<ApplyResult> = Vec::with_capacity(batch.items.len());
-        let mut waiting = FuturesUnordered::new();
-        // The users of the items in `waiting`.
-        let mut busy: HashSet<u64> = HashSet::new();
-        for item in batch.items {
-            let users = touched(&item);
-            if users.iter().any(|user| busy.contains(user)) {
-                while let Some(answer) = waiting.next().await {
-                    answered(&mut results, answer);
-                }
-                busy.clear();
-            }
-            let index = results.len();
-            results.push(ApplyResult {
-                id: item.id,
-                outcome: None,
-            });
-            let outcome = if self.stopping.is_cancelled() {
-                Outcome::Error(apply_error(&Error::ShuttingDown.into()))
-            } else if until.is_some_and(|until| Instant::now() >= until) {
-                Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
-            } else {
-                let origin = Origin {
-                    started: Instant::now(),
-                    until,
-                    hop: hop.clone(),
-                };
-                let mut applying = Box::pin(self.apply_item(item.change, origin));
-                match futures::poll!(applying.as_mut()) {
-                    Poll::Ready(outcome) => outcome,
-                    Poll::Pending => {
-                        busy.extend(users);
-                        waiting.push(applying.map(move |outcome| (index, outcome)));
-                        continue;
-                    }
-                }
-            };
-            results[index].outcome = Some(outcome);
-        }
-        while let Some(answer) = waiting.next().await {
-            answered(&mut results, answer);
-        }
-        results
     }
 
+    /// Items under way, held, or answered and not sent.
+    fn len(&self) -> usize {
+        self.waiting.len() + self.held.len() + self.answered.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn take_answered(&mut self) -> ApplyResponse {
+        ApplyResponse {
+            results: std::mem::take(&mut self.answered),
+        }
+    }
+
+    /// Starts, or holds, the items of `batch` in order.
+    fn read(&mut self, batch: ApplyRequest) {
+        let started = Instant::now();
+        if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
+            let refusals = batch.items.iter().map(|item| refused(item.id, &error));
+            self.answered.extend(refusals);
+            return;
+        }
+        let batch_until = limit(started, batch.timeout_ms);
+        for item in batch.items {
+            let until = match (batch_until, limit(started, item.timeout_ms)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let users = if self.ordered {
+                touched(&item)
+            } else {
+                Vec::new()
+            };
+            let item = Item {
+                id: item.id,
+                change: item.change,
+                users,
+                started,
+                until,
+            };
+            if self.blocked(&item) {
+                self.hold(item);
+            } else {
+                self.begin(item);
+            }
+        }
+    }
+
+    /// Whether `item` must wait for an item before it of one of its users.
+    fn blocked(&self, item: &Item) -> bool {
+        item.users
+            .iter()
+            .any(|user| self.busy.contains_key(user) || self.held_users.contains_key(user))
+    }
+
+    fn hold(&mut self, item: Item) {
+        for &user in &item.users {
+            *self.held_users.entry(user).or_default() += 1;
+        }
+        self.held.push_back(item);
+    }
+
+    /// Runs `item`: answered at once if it is done at once, else waiting.
+    fn begin(&mut self, item: Item) {
+        let Item {
+            id,
+            change,
+            users,
+            started,
+            until,
+        } = item;
+        let outcome = if self.service.stopping.is_cancelled() {
+            Outcome::Error(apply_error(&Error::ShuttingDown.into()))
+        } else if until.is_some_and(|until| Instant::now() >= until) {
+            Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
+        } else {
+            let origin = Origin {
+                started,
+                until,
+                hop: self.hop.clone(),
+            };
+            let mut applying = Box::pin(self.service.apply_item(change, origin));
+            // Polled once here: most items (cached users) are done at
+            // once; `waiting` polls the others again with its own waker.
+            match applying
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+            {
+                Poll::Ready(outcome) => outcome,
+                Poll::Pending => {
+                    for &user in &users {
+                        *self.busy.entry(user).or_default() += 1;
+                    }
+                    self.waiting
+                        .push(Box::pin(async move { (id, users, applying.await) }));
+                    return;
+                }
+            }
+        };
+        self.answered.push(ApplyResult {
+            id,
+            outcome: Some(outcome),
+        });
+    }
+
+    /// A waiting item is done: answered, and the items held behind it
+    /// that no other item holds up begun.
+    fn done(&mut self, (id, users, outcome): Done) {
+        self.answered.push(ApplyResult {
+            id,
+            outcome: Some(outcome),
+        });
+        for user in users {
+            release(&mut self.busy, user);
+        }
+        if self.held.is_empty() {
+            return;
+        }
+        let held = std::mem::take(&mut self.held);
+        self.held_users.clear();
+        for item in held {
+            if self.blocked(&item) {
+                self.hold(item);
+            } else {
+                self.begin(item);
+            }
+        }
+    }
+
+    /// Shutdown: the items held are answered unapplied (those begun are
+    /// done first, by the caller).
+    fn stop(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.held_users.clear();
+        let refusals = held
+            .into_iter()
+            .map(|item| refused(item.id, &Error::ShuttingDown));
+        self.answered.extend(refusals);
+    }
+}
+
+/// One count of `user` in `counts` less.
+fn release(counts: &mut HashMap<u64, usize>, user: u64) {
+    if let Some(count) = counts.get_mut(&user) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&user);
+        }
+    }
+}
+
+/// The instant `timeout_ms` after `started`; none for 0.
+fn limit(started: Instant, timeout_ms: u32) -> Option<Instant> {
+    (timeout_ms > 0).then(|| started + Duration::from_millis(timeout_ms.into()))
+}
+
+impl ReadStatesService {
     /// One item, as its unary call would run it.
     async fn apply_item(&self, change: Option<Change>, origin: Origin) -> Outcome {
         let metrics = &self.item_metrics;
@@ -344,11 +516,6 @@ fn touched(item: &ApplyItem) -> Vec<u64> {
     }
 }
 
-/// Puts the outcome of the item at `index` in its place.
-fn answered(results: &mut [ApplyResult], (index, outcome): (usize, Outcome)) {
-    results[index].outcome = Some(outcome);
-}
-
 /// An item answered with `error` and not applied.
 fn refused(id: u64, error: &Error) -> ApplyResult {
     ApplyResult {
@@ -357,9 +524,20 @@ fn refused(id: u64, error: &Error) -> ApplyResult {
     }
 }
 
+/// `status` as an item's error, with the owner and epoch of a refusal
+/// (which a unary call has in its trailers).
 fn apply_error(status: &Status) -> ApplyError {
+    let metadata = status.metadata();
+    let text = |key| {
+        metadata
+            .get(key)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or_default()
+    };
     ApplyError {
         code: status.code() as i32,
         message: status.message().to_owned(),
+        owner: text(OWNER).to_owned(),
+        epoch: text(EPOCH).parse().unwrap_or(0),
     }
 }

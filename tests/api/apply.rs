@@ -91,6 +91,7 @@ pub fn batch(changes: Vec<Change>) -> ApplyRequest {
             .map(|(id, change)| ApplyItem {
                 id: id as u64,
                 change: Some(change),
+                ..ApplyItem::default()
             })
             .collect(),
         timeout_ms: 0,
@@ -209,6 +210,7 @@ async fn unary(client: &mut ReadStatesClient<Channel>, change: Change) -> Outcom
         Outcome::Error(ApplyError {
             code: status.code() as i32,
             message: status.message().to_owned(),
+            ..ApplyError::default()
         })
     })
 }
@@ -357,6 +359,7 @@ async fn bad_items_get_the_unary_errors_and_the_stream_goes_on() {
             items: vec![ApplyItem {
                 id: 7,
                 change: None,
+                ..ApplyItem::default()
             }],
             timeout_ms: 0,
         })
@@ -458,6 +461,7 @@ async fn a_client_that_does_not_read_is_held_back_and_loses_nothing() {
                     ApplyItem {
                         id,
                         change: Some(Change::Ack(ack(1, 10, id))),
+                        ..ApplyItem::default()
                     }
                 })
                 .collect();
@@ -538,16 +542,21 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
     store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_000))).user(9));
     let app = spawn_app_on(test_config(), store.clone()).await;
     let mut stream = Applier::open(&app).await;
-    // The first batch waits for user 9's load (its last item, of user 9
-    // too, waits for the first); the second is read ahead.
+    // User 9's first item waits for its load, and its later items (the
+    // first batch's last, the second's first) are held behind it; the
+    // other users' items go on, the second batch's too.
     let first: Vec<Change> = [1, 2, 9, 3, 9]
         .iter()
         .enumerate()
         .map(|(i, &u)| Change::Ack(ack(u, 10, 100 + i as u64)))
         .collect();
     stream.send(batch(first)).await;
-    let mut second = batch(vec![Change::Ack(ack(4, 10, 100))]);
+    let mut second = batch(vec![
+        Change::Ack(ack(9, 10, 200)),
+        Change::Ack(ack(4, 10, 100)),
+    ]);
     second.items[0].id = 100;
+    second.items[1].id = 101;
     stream.send(second).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stopping = tokio::spawn(app.stop());
@@ -586,12 +595,12 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
     applied.sort_unstable();
     assert_eq!(
         applied,
-        [0, 1, 2, 3],
+        [0, 1, 2, 3, 101],
         "the items begun before the shutdown are applied, the others not: {outcomes:?}"
     );
-    assert_eq!(outcomes.len(), 6, "every item read is answered");
+    assert_eq!(outcomes.len(), 7, "every item read is answered");
     for id in applied {
-        let user = if id == 100 {
+        let user = if id == 101 {
             4
         } else {
             [1, 2, 9, 3][id as usize]
@@ -725,6 +734,7 @@ async fn a_client_behind_at_shutdown_gets_every_answer_then_unavailable() {
                 ApplyItem {
                     id,
                     change: Some(Change::Ack(ack(1, 10, id))),
+                    ..ApplyItem::default()
                 }
             })
             .collect();
@@ -786,4 +796,67 @@ async fn a_client_that_never_reads_does_not_hold_up_shutdown() {
         .expect("shutdown ends within its grace");
     assert_eq!(report.unwritten, 0);
     drop(stream);
+}
+
+/// An item that waits (a slow load) holds up neither the stream nor the
+/// answers of other users' items, in its batch or in later ones: they are
+/// answered first, and it is answered once done.
+#[tokio::test]
+async fn a_waiting_item_holds_up_no_other_answer() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_000))).user(1));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    stream
+        .send(batch(vec![
+            Change::Ack(ack(1, 10, 5)),
+            Change::Ack(ack(2, 10, 5)),
+        ]))
+        .await;
+    let mut later = batch(vec![Change::Ack(ack(3, 10, 5))]);
+    later.items[0].id = 2;
+    stream.send(later).await;
+    let started = std::time::Instant::now();
+    let mut order = Vec::new();
+    while order.len() < 3 {
+        for result in stream.next().await.unwrap() {
+            assert!(matches!(result.outcome, Some(Outcome::Ack(ref r)) if r.applied));
+            order.push((result.id, started.elapsed()));
+        }
+    }
+    let ids: Vec<u64> = order.iter().map(|&(id, _)| id).collect();
+    assert_eq!(
+        ids.last(),
+        Some(&0),
+        "the slow item is answered last: {order:?}"
+    );
+    assert!(
+        order[..2]
+            .iter()
+            .all(|&(_, at)| at < Duration::from_millis(500)),
+        "the others are not held up by it: {order:?}"
+    );
+}
+
+/// An item's own `timeout_ms` cuts it, not its batch's other items.
+#[tokio::test]
+async fn an_items_own_timeout_cuts_that_item_only() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(600))).user(5));
+    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let mut request = batch(vec![Change::Ack(ack(5, 10, 1)), Change::Ack(ack(6, 10, 1))]);
+    request.items[0].timeout_ms = 200;
+    request.timeout_ms = 5_000;
+    stream.send(request).await;
+    let mut outcomes = HashMap::new();
+    while outcomes.len() < 2 {
+        for result in stream.next().await.unwrap() {
+            outcomes.insert(result.id, result.outcome.unwrap());
+        }
+    }
+    assert_eq!(error(&outcomes[&0]).0, Code::DeadlineExceeded);
+    assert!(matches!(&outcomes[&1], Outcome::Ack(r) if r.applied));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(app.all_read_states(5).await.read_states.is_empty());
 }

@@ -36,14 +36,12 @@ impl GrpcTarget {
         connections: usize,
         stream: Option<StreamConfig>,
     ) -> anyhow::Result<GrpcTarget> {
-        let mut clients = Vec::with_capacity(connections);
+        let mut channels = Vec::with_capacity(connections);
         for _ in 0..connections.max(1) {
-            clients.push(ReadStatesClient::new(connect(address).await?));
+            channels.push(connect(address).await?);
         }
-        let streams = match stream {
-            Some(config) => Some(Streams::open(&clients, config).await?),
-            None => None,
-        };
+        let streams = stream.map(|config| Streams::open(&channels, config));
+        let clients = channels.into_iter().map(ReadStatesClient::new).collect();
         Ok(GrpcTarget {
             clients,
             next: AtomicUsize::new(0),
