@@ -12,6 +12,7 @@ mod bulk_ack;
 mod convert;
 mod deadline;
 mod delete_read_states;
+mod forward;
 mod get_badge_counts;
 mod get_read_states;
 mod get_routing_table;
@@ -26,14 +27,13 @@ mod set_muted;
 pub mod validate;
 mod watch;
 
-use std::future::{Future, Ready};
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tonic::metadata::MetadataMap;
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
@@ -41,9 +41,9 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
 use crate::ownership::SlotState;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
+use forward::Forward;
 use scatter::Scatter;
 
 /// What the service takes from the configuration.
@@ -145,10 +145,6 @@ impl Origin {
     }
 }
 
-/// The `forward` of a request that is not sent on.
-type NoForward<Req, Resp> =
-    fn(ReadStatesClient<Channel>, Request<Req>) -> Ready<Result<Response<Resp>, Status>>;
-
 impl ReadStatesService {
     pub fn new(
         cache: Arc<Cache>,
@@ -175,50 +171,39 @@ impl ReadStatesService {
     }
 
     /// [`Self::run_routed`], for a unary call.
-    async fn call_routed<Req, Resp, F, Fwd, FwdFut>(
+    async fn call_routed<Req, F>(
         &self,
         metrics: &MethodMetrics,
         request: Request<Req>,
         handler: impl Fn(Arc<Cache>, Req) -> F,
-        forward: Fwd,
-    ) -> Result<Response<Resp>, Status>
+    ) -> Result<Response<Req::Response>, Status>
     where
-        Req: Clone,
-        F: Future<Output = Result<Resp, Error>>,
-        Fwd: Fn(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
-        FwdFut: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Forward,
+        F: Future<Output = Result<Req::Response, Error>>,
     {
         let origin = Origin::of(request.metadata());
-        self.run_routed(
-            metrics,
-            origin,
-            request.into_inner(),
-            handler,
-            Some(forward),
-        )
-        .await
-        .map(Response::new)
+        self.run_routed(metrics, origin, request.into_inner(), handler, true)
+            .await
+            .map(Response::new)
     }
 
     /// Runs a request: bounds the requests in progress, enforces the
     /// deadline, records the method's status and latency, and maps
     /// [`Error`] to a gRPC status. On a fleet node, a request for a user
     /// whose slot is being acquired waits for it (see [`route::HOLD`]), and
-    /// one for a user served elsewhere goes to its owner with `forward`,
+    /// one for a user served elsewhere goes to its owner if it `forwards`,
     /// unless it was forwarded already.
-    async fn run_routed<Req, Resp, F, Fwd, FwdFut>(
+    async fn run_routed<Req, F>(
         &self,
         metrics: &MethodMetrics,
         origin: Origin,
         request: Req,
         handler: impl Fn(Arc<Cache>, Req) -> F,
-        forward: Option<Fwd>,
-    ) -> Result<Resp, Status>
+        forwards: bool,
+    ) -> Result<Req::Response, Status>
     where
-        Req: Clone,
-        F: Future<Output = Result<Resp, Error>>,
-        Fwd: Fn(ReadStatesClient<Channel>, Request<Req>) -> FwdFut,
-        FwdFut: Future<Output = Result<Response<Resp>, Status>>,
+        Req: Forward,
+        F: Future<Output = Result<Req::Response, Error>>,
     {
         let Origin {
             started,
@@ -228,7 +213,7 @@ impl ReadStatesService {
         // Kept only where the request may have to be sent on.
         let goes_on = match hop {
             route::Hop::First => true,
-            route::Hop::Forwarded(_) => forward.is_some(),
+            route::Hop::Forwarded(_) => forwards,
             route::Hop::PassedOn => false,
         };
         let again = (self.router.is_some() && goes_on).then(|| request.clone());
@@ -244,9 +229,9 @@ impl ReadStatesService {
             && let Err(Error::NotServed { user_id, state }) = result
         {
             let passed_on = matches!(hop, route::Hop::Forwarded(_));
-            if let Some(forward) = forward
+            if forwards
                 && let Some(answer) = router
-                    .forward(user_id, request.clone(), &hop, route::pass_on_budget(&hop, left()), forward)
+                    .forward(user_id, request.clone(), &hop, route::pass_on_budget(&hop, left()))
                     .await
                 // The previous owner of a slot being acquired here refuses
                 // once it is releasing it (or, passed on, does not answer
@@ -258,7 +243,7 @@ impl ReadStatesService {
                     .as_ref()
                     .map_or_else(Status::code, |_| tonic::Code::Ok);
                 metrics.record(code, started.elapsed());
-                return answer.map(Response::into_inner);
+                return answer;
             }
             if state == SlotState::Acquiring && router.hold(user_id, until).await {
                 result = self.run(request, left(), &handler).await;
@@ -275,40 +260,34 @@ impl ReadStatesService {
     }
 
     /// [`Self::run_scattered`], for a unary call.
-    async fn call_scattered<Req, F, Remote, RemoteFut>(
+    async fn call_scattered<Req, F>(
         &self,
         metrics: &MethodMetrics,
         request: Request<Req>,
         handler: impl Fn(Arc<Cache>, Req) -> F,
-        remote: Remote,
     ) -> Result<Response<Req::Response>, Status>
     where
         Req: Scatter,
         F: Future<Output = Result<Req::Response, Error>>,
-        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
-        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
     {
         let origin = Origin::of(request.metadata());
-        self.run_scattered(metrics, origin, request.into_inner(), handler, remote)
+        self.run_scattered(metrics, origin, request.into_inner(), handler)
             .await
             .map(Response::new)
     }
 
     /// Splits a request touching many users by owner (on a fleet node, for
     /// a request not forwarded already; see [`scatter`]), or runs it here.
-    async fn run_scattered<Req, F, Remote, RemoteFut>(
+    async fn run_scattered<Req, F>(
         &self,
         metrics: &MethodMetrics,
         origin: Origin,
         request: Req,
         handler: impl Fn(Arc<Cache>, Req) -> F,
-        remote: Remote,
     ) -> Result<Req::Response, Status>
     where
         Req: Scatter,
         F: Future<Output = Result<Req::Response, Error>>,
-        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
-        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
     {
         let router = match (&self.router, &origin.hop) {
             (Some(router), route::Hop::First) => router,
@@ -323,13 +302,7 @@ impl ReadStatesService {
             }
             _ => {
                 return self
-                    .run_routed(
-                        metrics,
-                        origin,
-                        request,
-                        handler,
-                        None::<NoForward<Req, Req::Response>>,
-                    )
+                    .run_routed(metrics, origin, request, handler, false)
                     .await;
             }
         };
@@ -338,13 +311,9 @@ impl ReadStatesService {
             until,
             hop,
         } = origin;
-        let scattering = router.scatter(
-            request,
-            &hop,
-            until,
-            |part| self.run_held(part, until, &handler),
-            remote,
-        );
+        let scattering = router.scatter(request, &hop, until, |part| {
+            self.run_held(part, until, &handler)
+        });
         let result = match until {
             Some(until) => tokio::time::timeout_at(until, scattering)
                 .await
@@ -420,13 +389,12 @@ impl ReadStates for ReadStatesService {
             &self.metrics.get_read_states,
             request,
             get_read_states::handle,
-            get_read_states::forward,
         )
         .await
     }
 
     async fn ack(&self, request: Request<AckRequest>) -> Result<Response<AckResponse>, Status> {
-        self.call_routed(&self.metrics.ack, request, ack::handle, ack::forward)
+        self.call_routed(&self.metrics.ack, request, ack::handle)
             .await
     }
 
@@ -434,13 +402,8 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<BulkAckRequest>,
     ) -> Result<Response<BulkAckResponse>, Status> {
-        self.call_routed(
-            &self.metrics.bulk_ack,
-            request,
-            bulk_ack::handle,
-            bulk_ack::forward,
-        )
-        .await
+        self.call_routed(&self.metrics.bulk_ack, request, bulk_ack::handle)
+            .await
     }
 
     async fn message_created(
@@ -451,7 +414,6 @@ impl ReadStates for ReadStatesService {
             &self.metrics.message_created,
             request,
             message_created::handle,
-            message_created::forward,
         )
         .await
     }
@@ -464,7 +426,6 @@ impl ReadStates for ReadStatesService {
             &self.metrics.delete_read_states,
             request,
             delete_read_states::handle,
-            delete_read_states::forward,
         )
         .await
     }
@@ -477,7 +438,6 @@ impl ReadStates for ReadStatesService {
             &self.metrics.get_badge_counts,
             request,
             get_badge_counts::handle,
-            get_badge_counts::forward,
         )
         .await
     }
@@ -486,13 +446,8 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<AckAllRequest>,
     ) -> Result<Response<AckAllResponse>, Status> {
-        self.call_routed(
-            &self.metrics.ack_all,
-            request,
-            ack_all::handle,
-            ack_all::forward,
-        )
-        .await
+        self.call_routed(&self.metrics.ack_all, request, ack_all::handle)
+            .await
     }
 
     async fn message_deleted(
@@ -503,7 +458,6 @@ impl ReadStates for ReadStatesService {
             &self.metrics.message_deleted,
             request,
             message_deleted::handle,
-            message_deleted::forward,
         )
         .await
     }
@@ -512,13 +466,8 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<SetMutedRequest>,
     ) -> Result<Response<SetMutedResponse>, Status> {
-        self.call_routed(
-            &self.metrics.set_muted,
-            request,
-            set_muted::handle,
-            set_muted::forward,
-        )
-        .await
+        self.call_routed(&self.metrics.set_muted, request, set_muted::handle)
+            .await
     }
 
     type WatchStream = watch::WatchStream;

@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -56,9 +56,14 @@ struct Queued {
 #[derive(Clone, Debug)]
 pub struct Applier {
     queue: mpsc::Sender<Queued>,
-    /// Set once the stream has ended: nothing more is sent on it.
-    ended: Arc<AtomicBool>,
+    state: Arc<AtomicU8>,
 }
+
+/// Where a stream is: [`OPENING`] until the node answers the call, then
+/// [`OPEN`], and [`ENDED`] once nothing more is sent on it.
+const OPENING: u8 = 0;
+const OPEN: u8 = 1;
+const ENDED: u8 = 2;
 
 impl Applier {
     /// Opens a stream over `channel` (with `metadata` on its call), whose
@@ -67,19 +72,24 @@ impl Applier {
     pub fn open(channel: Channel, metadata: MetadataMap, batch: usize) -> Applier {
         let batch = batch.clamp(1, MAX_BATCH);
         let (queue, queued) = mpsc::channel(batch * BATCHES_QUEUED);
-        let ended = Arc::new(AtomicBool::new(false));
+        let state = Arc::new(AtomicU8::new(OPENING));
         let stream = Stream {
             queued,
             batch,
-            ended: ended.clone(),
+            state: state.clone(),
         };
         tokio::spawn(stream.run(channel, metadata));
-        Applier { queue, ended }
+        Applier { queue, state }
+    }
+
+    /// Whether the node has answered the call: it has `Apply`.
+    pub fn is_open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == OPEN
     }
 
     /// Whether the stream has ended: a new one is needed.
     pub fn is_ended(&self) -> bool {
-        self.ended.load(Ordering::Acquire) || self.queue.is_closed()
+        self.state.load(Ordering::Acquire) == ENDED || self.queue.is_closed()
     }
 
     /// Sends `change` and waits for its outcome, at most `timeout` (which
@@ -112,7 +122,7 @@ impl Applier {
 struct Stream {
     queued: mpsc::Receiver<Queued>,
     batch: usize,
-    ended: Arc<AtomicBool>,
+    state: Arc<AtomicU8>,
 }
 
 impl Stream {
@@ -131,6 +141,7 @@ impl Stream {
             }
             Err(_) => return self.end(Status::unavailable("Apply stream not opened in time")),
         };
+        self.state.store(OPEN, Ordering::Release);
         self.serve(batches, results).await;
         self.end(not_sent());
     }
@@ -200,7 +211,7 @@ impl Stream {
 
     /// Ends the stream: every change not sent is answered with `status`.
     fn end(mut self, status: Status) {
-        self.ended.store(true, Ordering::Release);
+        self.state.store(ENDED, Ordering::Release);
         self.queued.close();
         while let Ok(queued) = self.queued.try_recv() {
             let _ = queued.answer.send(Err(status.clone()));

@@ -15,15 +15,24 @@
 //! Requests that touch many users (MessageCreated, GetBadgeCounts, ...) may
 //! go to any node, which splits them by owner; [`FleetClient::for_user`]
 //! with one of their users saves a hop for that user's part.
+//!
+//! [`FleetClient::apply`] sends changes as items of one Apply stream per
+//! node instead of a call each (see [`crate::apply`]), retried the same
+//! way; an item whose stream ended before its answer is sent again too
+//! (it may have been applied, and a change counts nothing twice).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status};
 
+use crate::apply::{Applier, MAX_BATCH};
+use crate::proto::apply_item::Change;
+use crate::proto::apply_result::Outcome;
 use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{GetRoutingTableRequest, GetRoutingTableResponse};
 use crate::ring::{NO_OWNER, Node, Ring};
@@ -55,6 +64,8 @@ struct Inner {
     ring: RwLock<Arc<Ring>>,
     /// By address.
     channels: Mutex<HashMap<String, Channel>>,
+    /// Apply streams by address (the entry node's under "").
+    streams: Mutex<HashMap<String, Applier>>,
     connect: Connect,
 }
 
@@ -104,6 +115,7 @@ impl FleetClient {
                 entry,
                 ring: RwLock::new(Arc::new(Ring::empty())),
                 channels: Mutex::default(),
+                streams: Mutex::default(),
                 connect,
             }),
             retry_budget: RETRY_BUDGET,
@@ -184,10 +196,51 @@ impl FleetClient {
         F: Fn(ReadStatesClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        self.retrying(|| send(self.for_user(user_id))).await
+    }
+
+    /// Applies `change` of `user_id` (of a change to many users, any one:
+    /// its owner splits the rest off) as an item of the Apply stream to
+    /// its owner, retrying as [`FleetClient::call`] does; its outcome, or
+    /// its error as the unary call's status.
+    pub async fn apply(&self, user_id: u64, change: Change) -> Result<Outcome, Status> {
+        self.retrying(|| {
+            let (applier, change) = (self.applier(user_id), change.clone());
+            async move { applier.apply(change, None).await }
+        })
+        .await
+    }
+
+    /// The Apply stream to `user_id`'s owner (the entry node if nobody
+    /// owns it), opened again once ended.
+    fn applier(&self, user_id: u64) -> Applier {
+        let owner = self.ring().owner_of(user_id).cloned();
+        let address = owner.as_ref().map_or("", |node| node.address.as_str());
+        let mut streams = self.inner.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(applier) = streams.get(address)
+            && !applier.is_ended()
+        {
+            return applier.clone();
+        }
+        let channel = match &owner {
+            Some(node) => self.channel(node),
+            None => self.inner.entry.clone(),
+        };
+        let applier = Applier::open(channel, MetadataMap::new(), MAX_BATCH);
+        streams.insert(address.to_owned(), applier.clone());
+        applier
+    }
+
+    /// Runs `attempt` until it is answered with anything but "not applied",
+    /// or the retry budget runs out (see the module doc).
+    async fn retrying<T, Fut>(&self, attempt: impl Fn() -> Fut) -> Result<T, Status>
+    where
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let deadline = tokio::time::Instant::now() + self.retry_budget;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let status = match send(self.for_user(user_id)).await {
+            let status = match attempt().await {
                 Ok(answer) => return Ok(answer),
                 Err(status) if status.code() == Code::Unavailable || is_cut(&status) => status,
                 Err(status) => return Err(status),
@@ -239,9 +292,10 @@ impl FleetClient {
 
 /// CANCELLED made by this client's transport, not sent by a node (which
 /// would carry its headers): the connection went away before the request
-/// was sent (a node shutting down), so nothing was applied. A node's own
-/// CANCELLED (its deadline passed) may come after the change was applied,
-/// and is not retried.
+/// was sent (a node shutting down), so nothing was applied; or an Apply
+/// stream ended before the item's answer, which is safe to send again. A
+/// node's own CANCELLED (its deadline passed) may come after the change
+/// was applied, and is not retried.
 fn is_cut(status: &Status) -> bool {
     status.code() == Code::Cancelled && status.metadata().is_empty()
 }

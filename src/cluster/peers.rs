@@ -1,16 +1,19 @@
 //! The other nodes of the fleet, as this node calls them: a lazily
 //! connected gRPC channel per address (over mTLS when this node serves
-//! TLS), shared by `ReleaseSlots`, `HandOver` and forwarded requests.
+//! TLS), shared by `ReleaseSlots`, forwarded requests and the Apply
+//! streams that carry them (`HandOver` has a connection of its own).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use readstates_routing::Slot;
+use readstates_routing::apply::{Applier, MAX_BATCH};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
 use super::handoff::{self, Handoff, Part};
@@ -22,6 +25,9 @@ use crate::tls::{Tls, connector};
 /// its users are written, which a slow store can hold up.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node found without `Apply` (an older build) is sent unary
+/// calls before a stream is tried again.
+const NO_APPLY_RETRY: Duration = Duration::from_secs(60);
 
 /// What a node asks of other nodes (a seam: simulations answer in-process).
 #[async_trait]
@@ -50,16 +56,66 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
 #[derive(Debug, Default)]
 pub struct GrpcPeers {
     channels: Mutex<HashMap<String, Channel>>,
+    streams: Mutex<Streams>,
     /// With it, peers are called over mTLS (this node's own TLS settings).
     tls: Option<Arc<Tls>>,
+}
+
+/// The Apply streams to other nodes.
+#[derive(Debug, Default)]
+struct Streams {
+    /// By address, and whether for requests passed on.
+    open: HashMap<(String, bool), Applier>,
+    /// Addresses of nodes that have no Apply, and since when.
+    unary_only: HashMap<String, Instant>,
 }
 
 impl GrpcPeers {
     pub fn new(tls: Option<Arc<Tls>>) -> GrpcPeers {
         GrpcPeers {
             channels: Mutex::default(),
+            streams: Mutex::default(),
             tls,
         }
+    }
+
+    /// The Apply stream to `address` for requests this node forwards, or,
+    /// `passed_on`, for those it passes on to a previous owner (each has
+    /// its own `metadata`, which marks how its requests came), opened on
+    /// first use and again once ended; `None` for a node that has no Apply
+    /// (see [`GrpcPeers::lacks_apply`]).
+    pub fn applier(
+        &self,
+        address: &str,
+        passed_on: bool,
+        metadata: impl FnOnce() -> MetadataMap,
+    ) -> Result<Option<Applier>, String> {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = streams.unary_only.get(address) {
+            if since.elapsed() < NO_APPLY_RETRY {
+                return Ok(None);
+            }
+            streams.unary_only.remove(address);
+        }
+        let key = (address.to_owned(), passed_on);
+        if let Some(applier) = streams.open.get(&key)
+            && !applier.is_ended()
+        {
+            return Ok(Some(applier.clone()));
+        }
+        let applier = Applier::open(self.channel(address)?, metadata(), MAX_BATCH);
+        streams.open.insert(key, applier.clone());
+        Ok(Some(applier))
+    }
+
+    /// The node at `address` answered UNIMPLEMENTED to Apply: it is sent
+    /// unary calls for a while.
+    pub fn lacks_apply(&self, address: &str) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        streams
+            .unary_only
+            .insert(address.to_owned(), Instant::now());
+        streams.open.retain(|(a, _), _| a != address);
     }
 
     /// The channel to `address`, made on first use (connecting lazily, and

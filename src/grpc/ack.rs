@@ -1,14 +1,10 @@
 //! `Ack`: a user read a channel up to a message, or marked it unread.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{AckRequest, AckResponse};
 use crate::read_state::{Key, saturated_count};
 
@@ -42,12 +38,4 @@ pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckRespons
             }
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<AckRequest>,
-) -> Result<Response<AckResponse>, Status> {
-    client.ack(request).await
 }

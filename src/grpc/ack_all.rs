@@ -1,15 +1,11 @@
 //! `AckAll`: "mark all read", every read state of a user (of some kinds)
 //! read up to its watermark, as one change.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{AckAllRequest, AckAllResponse};
 use crate::read_state::Kind;
 
@@ -31,12 +27,4 @@ pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllR
             }
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<AckAllRequest>,
-) -> Result<Response<AckAllResponse>, Status> {
-    client.ack_all(request).await
 }

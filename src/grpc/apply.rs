@@ -413,37 +413,19 @@ impl ReadStatesService {
         };
         let result = match change {
             Change::Ack(r) => self
-                .run_routed(&metrics.ack, origin, r, ack::handle, Some(ack::forward))
+                .run_routed(&metrics.ack, origin, r, ack::handle, true)
                 .await
                 .map(Outcome::Ack),
             Change::BulkAck(r) => self
-                .run_routed(
-                    &metrics.bulk_ack,
-                    origin,
-                    r,
-                    bulk_ack::handle,
-                    Some(bulk_ack::forward),
-                )
+                .run_routed(&metrics.bulk_ack, origin, r, bulk_ack::handle, true)
                 .await
                 .map(Outcome::BulkAck),
             Change::AckAll(r) => self
-                .run_routed(
-                    &metrics.ack_all,
-                    origin,
-                    r,
-                    ack_all::handle,
-                    Some(ack_all::forward),
-                )
+                .run_routed(&metrics.ack_all, origin, r, ack_all::handle, true)
                 .await
                 .map(Outcome::AckAll),
             Change::SetMuted(r) => self
-                .run_routed(
-                    &metrics.set_muted,
-                    origin,
-                    r,
-                    set_muted::handle,
-                    Some(set_muted::forward),
-                )
+                .run_routed(&metrics.set_muted, origin, r, set_muted::handle, true)
                 .await
                 .map(Outcome::SetMuted),
             Change::DeleteReadStates(r) => self
@@ -452,28 +434,16 @@ impl ReadStatesService {
                     origin,
                     r,
                     delete_read_states::handle,
-                    Some(delete_read_states::forward),
+                    true,
                 )
                 .await
                 .map(Outcome::DeleteReadStates),
             Change::MessageCreated(r) => self
-                .run_scattered(
-                    &metrics.message_created,
-                    origin,
-                    r,
-                    message_created::handle,
-                    message_created::forward,
-                )
+                .run_scattered(&metrics.message_created, origin, r, message_created::handle)
                 .await
                 .map(Outcome::MessageCreated),
             Change::MessageDeleted(r) => self
-                .run_scattered(
-                    &metrics.message_deleted,
-                    origin,
-                    r,
-                    message_deleted::handle,
-                    message_deleted::forward,
-                )
+                .run_scattered(&metrics.message_deleted, origin, r, message_deleted::handle)
                 .await
                 .map(Outcome::MessageDeleted),
             Change::GetBadgeCounts(r) => self
@@ -482,7 +452,6 @@ impl ReadStatesService {
                     origin,
                     r,
                     get_badge_counts::handle,
-                    get_badge_counts::forward,
                 )
                 .await
                 .map(Outcome::GetBadgeCounts),

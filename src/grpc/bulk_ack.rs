@@ -1,14 +1,10 @@
 //! `BulkAck`: normal acks of several channels of one user, as one change.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{BulkAckRequest, BulkAckResponse};
 
 pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAckResponse, Error> {
@@ -42,12 +38,4 @@ pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAc
             }
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<BulkAckRequest>,
-) -> Result<Response<BulkAckResponse>, Status> {
-    client.bulk_ack(request).await
 }

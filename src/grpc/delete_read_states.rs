@@ -1,15 +1,11 @@
 //! `DeleteReadStates`: a user left a channel, a channel was deleted, or the
 //! user is gone.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{DeleteReadStatesRequest, DeleteReadStatesResponse};
 
 pub async fn handle(
@@ -46,12 +42,4 @@ pub async fn handle(
             }
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<DeleteReadStatesRequest>,
-) -> Result<Response<DeleteReadStatesResponse>, Status> {
-    client.delete_read_states(request).await
 }

@@ -1,8 +1,5 @@
 //! `GetBadgeCounts`: the app-badge numbers of many users, for push services.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -10,7 +7,6 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{BadgeCount, GetBadgeCountsRequest, GetBadgeCountsResponse};
 
 pub async fn handle(
@@ -40,17 +36,7 @@ pub async fn handle(
     })
 }
 
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<GetBadgeCountsRequest>,
-) -> Result<Response<GetBadgeCountsResponse>, Status> {
-    client.get_badge_counts(request).await
-}
-
 impl Scatter for GetBadgeCountsRequest {
-    type Response = GetBadgeCountsResponse;
-
     fn users(&self) -> Result<Vec<u64>, Error> {
         validate::at_most("user_ids", self.user_ids.len(), validate::MAX_BADGE_USERS)?;
         validate::ids("user_ids", &self.user_ids)?;

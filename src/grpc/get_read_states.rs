@@ -1,14 +1,10 @@
 //! `GetReadStates`: what a gateway asks for when a client connects.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{GetReadStatesRequest, GetReadStatesResponse};
 
 pub async fn handle(
@@ -50,12 +46,4 @@ pub async fn handle(
             }
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<GetReadStatesRequest>,
-) -> Result<Response<GetReadStatesResponse>, Status> {
-    client.get_read_states(request).await
 }

@@ -2,9 +2,6 @@
 //! and marks the channel read for its author. A redelivery counts nothing:
 //! each read state counts only messages past its watermark.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -13,7 +10,6 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{MessageCreatedRequest, MessageCreatedResponse};
 use crate::read_state::Key;
 
@@ -44,17 +40,7 @@ pub async fn handle(
     })
 }
 
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<MessageCreatedRequest>,
-) -> Result<Response<MessageCreatedResponse>, Status> {
-    client.message_created(request).await
-}
-
 impl Scatter for MessageCreatedRequest {
-    type Response = MessageCreatedResponse;
-
     fn users(&self) -> Result<Vec<u64>, Error> {
         let effects = recipients(
             self.author_id,

@@ -3,9 +3,6 @@
 //! [`crate::recent_deletions`]), so a retry within the window, however it
 //! lists the users, lowers nobody twice.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -14,7 +11,6 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{MessageDeletedRequest, MessageDeletedResponse};
 use crate::read_state::Key;
 use crate::recent_deletions::Deletion;
@@ -46,17 +42,7 @@ pub async fn handle(
     })
 }
 
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<MessageDeletedRequest>,
-) -> Result<Response<MessageDeletedResponse>, Status> {
-    client.message_deleted(request).await
-}
-
 impl Scatter for MessageDeletedRequest {
-    type Response = MessageDeletedResponse;
-
     fn users(&self) -> Result<Vec<u64>, Error> {
         let effects = recipients(0, &self.mentioned_user_ids, &self.unread_user_ids)?;
         Ok(effects.into_iter().map(|(id, _)| id).collect())

@@ -11,15 +11,14 @@
 //! previous owner, which serves it until it starts releasing it; marked
 //! `x-readstates-passed-on`, that request goes nowhere else.
 
-use std::future::Future;
 use std::time::Duration;
 
 use readstates_routing::slot_of;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
+use super::forward::Forward;
 use crate::cluster::member::Member;
 use crate::cluster::peers::GrpcPeers;
 use crate::error::Error;
@@ -162,36 +161,30 @@ impl Router {
     }
 
     /// Sends `request`, which came `hop`, on to where `user_id` is served
-    /// (see [`Router::next`]) with `call`, within what is left of the
-    /// caller's deadline; `None` if it goes nowhere.
-    pub async fn forward<Req, Resp, Fut>(
+    /// (see [`Router::next`]), within what is left of the caller's
+    /// deadline; `None` if it goes nowhere.
+    pub async fn forward<Req: Forward>(
         &self,
         user_id: u64,
         request: Req,
         hop: &Hop,
         budget: Option<Duration>,
-        call: impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
-    ) -> Option<Result<Response<Resp>, Status>>
-    where
-        Fut: Future<Output = Result<Response<Resp>, Status>>,
-    {
+    ) -> Option<Result<Req::Response, Status>> {
         let destination = self.next(user_id, hop)?;
-        Some(self.send(&destination, request, hop, budget, &call).await)
+        Some(self.send(&destination, request, hop, budget).await)
     }
 
     /// Sends a request that came `hop` to `owner`, marked forwarded (and
-    /// passed on, unless it came from a client), within `budget`.
-    pub(super) async fn send<Req, Resp, Fut>(
+    /// passed on, unless it came from a client), within `budget`: as an
+    /// item of the Apply stream to it, or as its unary call (see
+    /// [`Forward`]).
+    pub(super) async fn send<Req: Forward>(
         &self,
         owner: &str,
         request: Req,
         hop: &Hop,
         budget: Option<Duration>,
-        call: &impl Fn(ReadStatesClient<Channel>, Request<Req>) -> Fut,
-    ) -> Result<Response<Resp>, Status>
-    where
-        Fut: Future<Output = Result<Response<Resp>, Status>>,
-    {
+    ) -> Result<Req::Response, Status> {
         let record = self.member.ring();
         let node = record
             .ring
@@ -200,22 +193,57 @@ impl Router {
         let Some(node) = node else {
             return Err(Status::unavailable(format!("{owner} left the ring")));
         };
+        let passed_on = *hop != Hop::First;
+        let mut request = request;
+        if Req::ITEM
+            && let Some(applier) = self
+                .peers
+                .applier(&node.address, passed_on, || self.marks(passed_on))
+                .map_err(Status::unavailable)?
+        {
+            // The first stream to a node may find that it has no Apply;
+            // the request was not applied there, and goes as a call.
+            let fallback = (!applier.is_open()).then(|| request.clone());
+            request = match request.item() {
+                Ok(change) => match (applier.apply(change, budget).await, fallback) {
+                    (Err(status), Some(request)) if status.code() == Code::Unimplemented => {
+                        self.peers.lacks_apply(&node.address);
+                        request
+                    }
+                    (answer, _) => {
+                        return answer.and_then(|outcome| {
+                            Req::response(outcome)
+                                .ok_or_else(|| Status::internal("an Apply result of another kind"))
+                        });
+                    }
+                },
+                Err(request) => request,
+            };
+        }
         let channel = self
             .peers
             .channel(&node.address)
             .map_err(Status::unavailable)?;
         let mut request = Request::new(request);
-        if let Ok(value) = MetadataValue::try_from(self.member.id()) {
-            request.metadata_mut().insert(FORWARDED, value);
-        }
-        if *hop != Hop::First {
-            request
-                .metadata_mut()
-                .insert(PASSED_ON, MetadataValue::from_static("1"));
-        }
+        *request.metadata_mut() = self.marks(passed_on);
         if let Some(budget) = budget {
             request.set_timeout(budget);
         }
-        call(ReadStatesClient::new(channel), request).await
+        Req::call(ReadStatesClient::new(channel), request)
+            .await
+            .map(Response::into_inner)
+    }
+
+    /// What marks a request this node sends on: forwarded from here, and
+    /// `passed_on` to a previous owner.
+    fn marks(&self, passed_on: bool) -> MetadataMap {
+        let mut metadata = MetadataMap::new();
+        if let Ok(value) = MetadataValue::try_from(self.member.id()) {
+            metadata.insert(FORWARDED, value);
+        }
+        if passed_on {
+            metadata.insert(PASSED_ON, MetadataValue::from_static("1"));
+        }
+        metadata
     }
 }

@@ -14,17 +14,15 @@ use readstates_routing::slot_of;
 use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use tokio::time::Instant;
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
+use super::forward::Forward;
 use super::route::{EPOCH, HOLD, Hop, Router, not_applied, pass_on_budget};
 use crate::error::Error;
 use crate::ownership::SlotState;
-use crate::proto::read_states_client::ReadStatesClient;
 
 /// How to split one kind of request and put its answers together.
-pub trait Scatter: Clone + Send + 'static {
-    type Response: Send + 'static;
+pub trait Scatter: Forward {
     /// Every user the request touches, validated as the RPC validates them
     /// (a part, being smaller, then passes every limit).
     fn users(&self) -> Result<Vec<u64>, Error>;
@@ -44,20 +42,17 @@ enum Outcome<Resp> {
 
 impl Router {
     /// Splits `request`, which came `hop`, by owner and runs the parts:
-    /// this node's with `local`, the others' with `remote` at their owners.
-    pub async fn scatter<Req, LocalFut, Remote, RemoteFut>(
+    /// this node's with `local`, the others' at their owners.
+    pub async fn scatter<Req, LocalFut>(
         &self,
         request: Req,
         hop: &Hop,
         until: Option<Instant>,
         local: impl Fn(Req) -> LocalFut,
-        remote: Remote,
     ) -> Result<Req::Response, Status>
     where
         Req: Scatter,
         LocalFut: Future<Output = Result<Req::Response, Error>>,
-        Remote: Fn(ReadStatesClient<Channel>, Request<Req>) -> RemoteFut,
-        RemoteFut: Future<Output = Result<Response<Req::Response>, Status>>,
     {
         let mut pending = request.users().map_err(Status::from)?;
         let mut answers = Vec::new();
@@ -68,7 +63,7 @@ impl Router {
             };
             let outcomes = join_all(parts.into_iter().map(|(owner, users)| {
                 let part = request.part(&users.iter().copied().collect());
-                let (local, remote) = (&local, &remote);
+                let local = &local;
                 async move {
                     let left = until.map(|u| u.saturating_duration_since(Instant::now()));
                     match owner {
@@ -82,10 +77,10 @@ impl Router {
                             Err(error) => Outcome::Failed(error.into()),
                         },
                         Some(owner) => match self
-                            .send(&owner, part, hop, pass_on_budget(hop, left), remote)
+                            .send(&owner, part, hop, pass_on_budget(hop, left))
                             .await
                         {
-                            Ok(answer) => Outcome::Done(answer.into_inner()),
+                            Ok(answer) => Outcome::Done(answer),
                             Err(status) if not_applied(&status, *hop != Hop::First) => {
                                 let epoch = status
                                     .metadata()

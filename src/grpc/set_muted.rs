@@ -2,15 +2,11 @@
 //! field on Ack: muting is a setting the user changes, not reading, and a
 //! field on every ack would have to say "leave it as it is" most of the time.
 
-use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
-
 use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{SetMutedRequest, SetMutedResponse};
 use crate::read_state::Key;
 
@@ -30,12 +26,4 @@ pub async fn handle(
             read_state: user.get(key).map(Into::into),
         })
         .await
-}
-
-/// Sends the request to the node that serves its users.
-pub async fn forward(
-    mut client: ReadStatesClient<Channel>,
-    request: Request<SetMutedRequest>,
-) -> Result<Response<SetMutedResponse>, Status> {
-    client.set_muted(request).await
 }

@@ -14,6 +14,7 @@ mod helpers;
 mod message_created;
 mod message_deleted;
 mod operations;
+mod peer_streams;
 mod raw_h2;
 mod redelivery;
 mod restart;

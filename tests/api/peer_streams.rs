@@ -1,0 +1,322 @@
+//! Requests a node sends on to other nodes go as items of one Apply stream
+//! per peer, not a unary call each: single-user changes, and the parts of
+//! split messages, deletions and badge counts. A peer that has no Apply
+//! (an older build, during an upgrade) is sent unary calls instead. The
+//! routing client sends changes straight to their owners' streams.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
+use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::ring_store::RingStore;
+use readstates::metrics::scrape;
+use readstates::proto::{
+    AckRequest, AckResponse, GetBadgeCountsRequest, MessageCreatedRequest, MessageDeletedRequest,
+};
+use readstates_routing::Node;
+
+use readstates::proto::apply_item::Change;
+use readstates::proto::apply_result::Outcome;
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use readstates_routing::client::FleetClient;
+use std::time::Duration;
+
+use crate::fleet::{add, adopted, first_read_state, member, reweigh, set_weight, shared};
+use crate::helpers::{spawn_member, test_config};
+
+fn ack(user_id: u64, message_id: u64) -> AckRequest {
+    AckRequest {
+        user_id,
+        channel_id: 1,
+        message_id,
+        ..AckRequest::default()
+    }
+}
+
+/// The requests answered OK of `method` at `node`, as `text` counts them.
+fn count(text: &str, method: &str, node: &str) -> f64 {
+    let series =
+        format!("readstates_requests_total{{method=\"{method}\",code=\"OK\",node=\"{node}\"}}");
+    scrape::value(text, &series)
+}
+
+#[tokio::test]
+async fn requests_sent_on_go_over_one_apply_stream_per_peer() {
+    let (store, ring) = shared();
+    // Node ids of their own: the metrics are per node id, and other tests
+    // run nodes in this process too.
+    let mut a = member("streams-a", &store, &ring).await;
+    let b = member("streams-b", &store, &ring).await;
+    add(&ring, "streams-a", &a, 100).await;
+    add(&ring, "streams-b", &b, 100).await;
+    let record = ring.load().await.unwrap();
+    let on_b: Vec<u64> = (1..)
+        .filter(|&u| record.ring.owner_of(u).unwrap().id == "streams-b")
+        .take(10)
+        .collect();
+    let on_a: Vec<u64> = (1..)
+        .filter(|&u| record.ring.owner_of(u).unwrap().id == "streams-a")
+        .take(10)
+        .collect();
+
+    for &user in &on_b {
+        a.client.ack(ack(user, 20)).await.unwrap();
+    }
+    let everyone: Vec<u64> = on_a.iter().chain(&on_b).copied().collect();
+    let created = a
+        .client
+        .message_created(MessageCreatedRequest {
+            channel_id: 2,
+            message_id: 30,
+            unread_user_ids: everyone.clone(),
+            ..MessageCreatedRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(created.updated, 20);
+    let deleted = a
+        .client
+        .message_deleted(MessageDeletedRequest {
+            channel_id: 2,
+            message_id: 30,
+            unread_user_ids: everyone.clone(),
+            ..MessageDeletedRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(deleted.updated, 20);
+    let badges = a
+        .client
+        .get_badge_counts(GetBadgeCountsRequest {
+            user_ids: everyone.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(badges.counts.len(), 20);
+
+    let text = b.metrics().await;
+    assert_eq!(
+        count(&text, "Apply", "streams-b"),
+        1.0,
+        "one stream: {text}"
+    );
+    assert_eq!(count(&text, "Apply.Ack", "streams-b"), 10.0);
+    for part in ["MessageCreated", "MessageDeleted", "GetBadgeCounts"] {
+        assert_eq!(
+            count(&text, &format!("Apply.{part}"), "streams-b"),
+            1.0,
+            "{part}"
+        );
+        assert_eq!(count(&text, part, "streams-b"), 0.0, "{part} as a call");
+    }
+    assert_eq!(count(&text, "Ack", "streams-b"), 0.0, "no unary Ack");
+    for &user in &on_b {
+        assert_eq!(
+            first_read_state(&mut a, user)
+                .await
+                .map(|s| s.last_acked_id),
+            Some(20)
+        );
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The routing client sends each change to its owner's stream, and a
+/// change that was not applied (its slot moved, a load failed) is sent
+/// again until it is: every change answered OK stays applied.
+#[tokio::test]
+async fn the_routing_client_applies_changes_at_their_owners_while_slots_move() {
+    let (store, ring) = shared();
+    let mut a = member("apply-a", &store, &ring).await;
+    let b = member("apply-b", &store, &ring).await;
+    add(&ring, "apply-a", &a, 100).await;
+    add(&ring, "apply-b", &b, 100).await;
+    let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
+    let apply = |fleet: FleetClient, user: u64, message_id: u64| async move {
+        let answer = fleet
+            .apply(user, Change::Ack(ack(user, message_id)))
+            .await
+            .unwrap_or_else(|s| panic!("user {user}: {s:?}"));
+        assert!(
+            matches!(answer, Outcome::Ack(ref r) if r.applied),
+            "{answer:?}"
+        );
+    };
+    for user in 1..=20 {
+        apply(fleet.clone(), user, 10).await;
+    }
+    // Straight to owners: each node took only its own users' items (a
+    // forwarded one counts at both).
+    let text = a.metrics().await;
+    let items = count(&text, "Apply.Ack", "apply-a") + count(&text, "Apply.Ack", "apply-b");
+    assert_eq!(items, 20.0, "{text}");
+
+    let mover = {
+        let ring = ring.clone();
+        tokio::spawn(async move {
+            set_weight(&ring, "apply-b", 300).await;
+            set_weight(&ring, "apply-b", 100).await;
+        })
+    };
+    let mut message_id = 10;
+    while !mover.is_finished() {
+        message_id += 1;
+        let acks = (1..=20).map(|user| apply(fleet.clone(), user, message_id));
+        futures::future::join_all(acks).await;
+    }
+    mover.await.unwrap();
+    assert!(message_id > 11, "no change was applied while slots moved");
+    for user in 1..=20 {
+        let state = first_read_state(&mut a, user).await.unwrap();
+        assert_eq!(state.last_acked_id, message_id, "user {user}");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn the_routing_client_retries_an_item_that_was_not_applied() {
+    let store = Arc::new(FaultyStore::memory());
+    let ring = Arc::new(readstates::cluster::ring_store::memory::MemoryRingStore::default());
+    let mut config = test_config();
+    config.node_id = Some("apply-retry".into());
+    config.ring_poll = Duration::from_millis(50);
+    let a = spawn_member(config, store.clone(), ring.clone()).await;
+    add(&ring, "apply-retry", &a, 100).await;
+    let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
+    store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
+    let started = std::time::Instant::now();
+    let answer = fleet.apply(1, Change::Ack(ack(1, 30))).await.unwrap();
+    assert!(
+        matches!(answer, Outcome::Ack(ref r) if r.applied),
+        "{answer:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(900));
+
+    store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
+    let once = fleet.clone().with_retry_budget(Duration::ZERO);
+    let refused = once.apply(2, Change::Ack(ack(2, 30))).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    a.stop().await;
+}
+
+/// A peer of an older build, with no Apply: the node finds out on its
+/// first stream and sends that request, and the next ones, as unary calls.
+#[tokio::test]
+async fn a_peer_without_apply_is_sent_unary_calls() {
+    let (store, ring) = shared();
+    let old = OldNode::start().await;
+    let x = Node {
+        id: "x".into(),
+        address: old.address.clone(),
+        weight: 100,
+    };
+    let record = admin::change(&*ring, RingChange::Add(x)).await.unwrap();
+    ring.report("x", record.ring.epoch()).await.unwrap();
+    let mut b = member("b", &store, &ring).await;
+    let joined = Node {
+        id: "b".into(),
+        address: b.addr.to_string(),
+        weight: 0,
+    };
+    let record = admin::change(&*ring, RingChange::Add(joined))
+        .await
+        .unwrap();
+    ring.report("x", record.ring.epoch()).await.unwrap();
+    let record = reweigh(&ring, "b", 100).await;
+    adopted(&mut b, record.ring.epoch()).await;
+    let on_x: Vec<u64> = (1..)
+        .filter(|&u| record.ring.owner_of(u).unwrap().id == "x")
+        .take(3)
+        .collect();
+    for &user in &on_x {
+        let answer = b.client.ack(ack(user, 5)).await.unwrap().into_inner();
+        assert_eq!(answer.version, OldNode::VERSION, "answered by x");
+    }
+    let calls = old.calls();
+    assert_eq!(calls.get("Apply"), Some(&1), "{calls:?}");
+    assert_eq!(calls.get("Ack"), Some(&3), "{calls:?}");
+    b.stop().await;
+}
+
+/// A stand-in for a node of an older build: HTTP/2 that answers `Ack`
+/// with a fixed response and every other method UNIMPLEMENTED, and counts
+/// the calls by method.
+struct OldNode {
+    address: String,
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+impl OldNode {
+    const VERSION: u64 = 4242;
+
+    async fn start() -> OldNode {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let calls = Arc::new(Mutex::new(HashMap::new()));
+        let counted = calls.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let counted = counted.clone();
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, respond))) = connection.accept().await {
+                        let method = request.uri().path().rsplit('/').next().unwrap_or_default();
+                        *counted
+                            .lock()
+                            .unwrap()
+                            .entry(method.to_owned())
+                            .or_default() += 1;
+                        answer(method, respond);
+                    }
+                });
+            }
+        });
+        OldNode { address, calls }
+    }
+
+    fn calls(&self) -> HashMap<String, usize> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+fn answer(method: &str, mut respond: h2::server::SendResponse<Bytes>) {
+    let head = |status: Option<&str>| {
+        let mut response = http::Response::builder()
+            .status(200)
+            .header("content-type", "application/grpc");
+        if let Some(status) = status {
+            response = response.header("grpc-status", status);
+        }
+        response.body(()).unwrap()
+    };
+    if method != "Ack" {
+        let _ = respond.send_response(head(Some("12")), true);
+        return;
+    }
+    let Ok(mut body) = respond.send_response(head(None), false) else {
+        return;
+    };
+    let message = AckResponse {
+        applied: true,
+        version: OldNode::VERSION,
+        read_state: None,
+    }
+    .encode_to_vec();
+    let mut frame = BytesMut::with_capacity(5 + message.len());
+    frame.put_u8(0);
+    frame.put_u32(message.len() as u32);
+    frame.put_slice(&message);
+    let _ = body.send_data(frame.freeze(), false);
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    let _ = body.send_trailers(trailers);
+}
