@@ -499,23 +499,32 @@ impl ReadStates for ReadStatesService {
 
     type ApplyStream = apply::ApplyStream;
 
-    /// Like Watch, a stream takes no permit of its own (each item does) and
-    /// its status is recorded when it starts.
+    /// Like Watch, a stream takes no request permit of its own (each item
+    /// does) and its status is recorded when it starts. The streams of
+    /// other nodes (two a node, carrying what they forward) are not
+    /// counted against `max_apply_streams`: clients filling it must not
+    /// cut the fleet off from this node.
     async fn apply(
         &self,
         request: Request<Streaming<ApplyRequest>>,
     ) -> Result<Response<Self::ApplyStream>, Status> {
         let started = Instant::now();
-        let Ok(permit) = self.apply_streams.clone().try_acquire_owned() else {
-            let status = Status::resource_exhausted(format!(
-                "this node serves {} Apply streams, the most it takes; retry later or use \
-                 fewer streams",
-                self.config.max_apply_streams
-            ));
-            self.metrics.apply.record(status.code(), started.elapsed());
-            return Err(status);
-        };
         let hop = route::Hop::of(request.metadata());
+        let permit = match hop {
+            route::Hop::First => match self.apply_streams.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let status = Status::resource_exhausted(format!(
+                        "this node serves {} Apply streams, the most it takes; retry later or \
+                         use fewer streams",
+                        self.config.max_apply_streams
+                    ));
+                    self.metrics.apply.record(status.code(), started.elapsed());
+                    return Err(status);
+                }
+            },
+            _ => None,
+        };
         let stream = apply::handle(self.clone(), request.into_inner(), hop, permit);
         self.metrics
             .apply

@@ -1,32 +1,39 @@
 //! One `Apply` stream to one node, shared by many callers: each sends a
 //! change and waits for its outcome; a task takes whatever is queued (up
-//! to a batch's worth) as one batch, without waiting for more, so batches
-//! fill under load and stay small when it is light.
+//! to a batch's worth, in count and in bytes) as one batch, without
+//! waiting for more, so batches fill under load and stay small when it is
+//! light.
 //!
 //! Every change sent is answered once:
 //! - its item's result ([`Outcome`]), or its error as a [`Status`] with
 //!   the owner and epoch of a refusal in its metadata, as a unary call's
 //!   trailers carry them;
-//! - UNAVAILABLE (not applied) if the stream never sent it: it could not
-//!   be opened, or had ended (a node without `Apply` answers UNIMPLEMENTED,
-//!   also not applied);
-//! - CANCELLED if it was sent and the stream ended before its answer: it
+//! - UNAVAILABLE (not applied) if the stream never sent it (it could not
+//!   be opened, or had ended), or if the node ended the stream saying it
+//!   answered every item it read ([`ALL_ANSWERED`]: shutting down);
+//! - the node's refusal of the stream itself if it could not be opened:
+//!   UNIMPLEMENTED from a node that has no Apply (an older build),
+//!   RESOURCE_EXHAUSTED from one at its limit of streams; not applied
+//!   either ([`Applier::failed_to_open`]);
+//! - CANCELLED if it was sent and the stream broke before its answer: it
 //!   may or may not have been applied, and is safe to send again;
-//! - DEADLINE_EXCEEDED past its timeout (sent with it, so that the node
-//!   does not begin it later).
+//! - DEADLINE_EXCEEDED past its timeout. The node is sent what is left of
+//!   it, so that it begins nothing late, and a change whose caller gave up
+//!   before it was sent is not sent at all.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
-use crate::client::{EPOCH, OWNER};
+use crate::client::{ALL_ANSWERED, EPOCH, OWNER};
 use crate::proto::apply_item::Change;
 use crate::proto::apply_result::Outcome;
 use crate::proto::read_states_client::ReadStatesClient;
@@ -34,6 +41,14 @@ use crate::proto::{ApplyError, ApplyItem, ApplyRequest, ApplyResponse};
 
 /// The most items a node takes in one batch.
 pub const MAX_BATCH: usize = 1_000;
+
+/// The most a batch carries (encoded), well within what a node decodes (4
+/// MiB): 1,000 messages to 10,000 users each would be twenty times that.
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// The largest response taken from a node: a node of this version answers
+/// in responses of at most 1 MiB, an older one in one response per batch.
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
 /// Batches handed to the transport and not sent yet: the node reads a few
 /// ahead of what it applies, and this keeps the pipe that full.
@@ -46,7 +61,7 @@ type Answer = oneshot::Sender<Result<Outcome, Status>>;
 
 struct Queued {
     change: Change,
-    timeout: Option<Duration>,
+    until: Option<Instant>,
     answer: Answer,
 }
 
@@ -60,10 +75,12 @@ pub struct Applier {
 }
 
 /// Where a stream is: [`OPENING`] until the node answers the call, then
-/// [`OPEN`], and [`ENDED`] once nothing more is sent on it.
+/// [`OPEN`], and [`ENDED`] once nothing more is sent on it
+/// ([`NOT_OPENED`] if it never opened).
 const OPENING: u8 = 0;
 const OPEN: u8 = 1;
 const ENDED: u8 = 2;
+const NOT_OPENED: u8 = 3;
 
 impl Applier {
     /// Opens a stream over `channel` (with `metadata` on its call), whose
@@ -87,9 +104,15 @@ impl Applier {
         self.state.load(Ordering::Acquire) == OPEN
     }
 
+    /// Whether the stream could not be opened: every change sent on it
+    /// was answered with the node's refusal, and none was applied.
+    pub fn failed_to_open(&self) -> bool {
+        self.state.load(Ordering::Acquire) == NOT_OPENED
+    }
+
     /// Whether the stream has ended: a new one is needed.
     pub fn is_ended(&self) -> bool {
-        self.state.load(Ordering::Acquire) == ENDED || self.queue.is_closed()
+        matches!(self.state.load(Ordering::Acquire), ENDED | NOT_OPENED) || self.queue.is_closed()
     }
 
     /// Sends `change` and waits for its outcome, at most `timeout` (which
@@ -102,7 +125,7 @@ impl Applier {
         let (answer, answered) = oneshot::channel();
         let queued = Queued {
             change,
-            timeout,
+            until: timeout.map(|timeout| Instant::now() + timeout),
             answer,
         };
         let waiting = async {
@@ -112,7 +135,7 @@ impl Applier {
         match timeout {
             Some(timeout) => tokio::time::timeout(timeout, waiting)
                 .await
-                .unwrap_or_else(|_| Err(Status::deadline_exceeded("no answer in time"))),
+                .unwrap_or_else(|_| Err(late())),
             None => waiting.await,
         }
     }
@@ -130,37 +153,47 @@ impl Stream {
         let (batches, outgoing) = mpsc::channel(BATCHES_QUEUED);
         let mut call = Request::new(ReceiverStream::new(outgoing));
         *call.metadata_mut() = metadata;
-        let mut client = ReadStatesClient::new(channel);
+        let mut client =
+            ReadStatesClient::new(channel).max_decoding_message_size(MAX_RESPONSE_BYTES);
         let opening = client.apply(call);
-        let results = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
-            Ok(Ok(results)) => results.into_inner(),
-            Ok(Err(status)) if status.code() == Code::Unimplemented => return self.end(status),
+        let refusal = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
+            Ok(Ok(results)) => {
+                self.state.store(OPEN, Ordering::Release);
+                let ended = self.serve(batches, results.into_inner()).await;
+                return self.end(ENDED, ended);
+            }
+            Ok(Err(status))
+                if matches!(status.code(), Code::Unimplemented | Code::ResourceExhausted) =>
+            {
+                status
+            }
             Ok(Err(status)) => {
                 let message = format!("Apply stream not opened: {}", status.message());
-                return self.end(Status::unavailable(message));
+                Status::unavailable(message)
             }
-            Err(_) => return self.end(Status::unavailable("Apply stream not opened in time")),
+            Err(_) => Status::unavailable("Apply stream not opened in time"),
         };
-        self.state.store(OPEN, Ordering::Release);
-        self.serve(batches, results).await;
-        self.end(not_sent());
+        self.end(NOT_OPENED, refusal);
     }
 
-    /// Sends what is queued and hands out results until the stream ends.
+    /// Sends what is queued and hands out results until the stream ends;
+    /// what the changes still queued are answered with.
     async fn serve(
         &mut self,
         batches: mpsc::Sender<ApplyRequest>,
         mut results: tonic::Streaming<ApplyResponse>,
-    ) {
+    ) -> Status {
         let mut waiting: HashMap<u64, Answer> = HashMap::new();
         let mut next_id = 0u64;
         let (queued, batch) = (&mut self.queued, self.batch);
-        let mut taken = Vec::with_capacity(batch);
+        // Taken from the queue, not sent yet (what did not fit in a batch).
+        let mut taken = VecDeque::with_capacity(batch);
+        let mut received = Vec::with_capacity(batch);
         // `None` once every Applier is gone: the stream is half-closed.
         let mut batches = Some(batches);
-        loop {
+        let ended = loop {
             if batches.is_none() && waiting.is_empty() {
-                return;
+                return not_sent();
             }
             tokio::select! {
                 result = results.message() => match result {
@@ -171,52 +204,110 @@ impl Stream {
                             }
                         }
                     }
-                    // Ended (by the node, or broken): whatever was sent and
-                    // not answered may have been applied.
-                    Ok(None) | Err(_) => break,
+                    Ok(None) => break None,
+                    Err(status) => break Some(status),
                 },
                 // Room in the transport first, then what is queued by then.
                 Some(taken_now) = async {
                     let Ok(permit) = batches.clone()?.reserve_owned().await else {
                         return Some(None);
                     };
-                    let count = queued.recv_many(&mut taken, batch).await;
-                    Some(Some((permit, count)))
+                    if taken.is_empty() {
+                        if queued.recv_many(&mut received, batch).await == 0 {
+                            return Some(Some((permit, false)));
+                        }
+                        taken.extend(received.drain(..));
+                    }
+                    Some(Some((permit, true)))
                 }, if batches.is_some() => {
                     // The transport dropped the request stream: broken.
-                    let Some((permit, count)) = taken_now else { break };
-                    if count == 0 {
+                    let Some((permit, more)) = taken_now else { break None };
+                    if !more {
                         drop(permit);
                         batches = None;
                         continue;
                     }
-                    let mut items = Vec::with_capacity(count);
-                    for Queued { change, timeout, answer } in taken.drain(..) {
-                        next_id += 1;
-                        waiting.insert(next_id, answer);
-                        items.push(ApplyItem {
-                            id: next_id,
-                            change: Some(change),
-                            timeout_ms: timeout.map_or(0, timeout_ms),
-                        });
+                    let items = take_batch(&mut taken, batch, &mut waiting, &mut next_id);
+                    if !items.is_empty() {
+                        permit.send(ApplyRequest { items, timeout_ms: 0 });
                     }
-                    permit.send(ApplyRequest { items, timeout_ms: 0 });
                 }
             }
-        }
+        };
+        // Whatever was sent and not answered: not applied if the node says
+        // it answered every item it read, else it may have been.
+        let all_answered = ended
+            .as_ref()
+            .is_some_and(|status| status.metadata().contains_key(ALL_ANSWERED));
         for (_, answer) in waiting.drain() {
-            let _ = answer.send(Err(unanswered()));
+            let _ = answer.send(Err(if all_answered {
+                not_read()
+            } else {
+                unanswered()
+            }));
         }
+        for queued in taken {
+            let _ = queued.answer.send(Err(not_sent()));
+        }
+        not_sent()
     }
 
-    /// Ends the stream: every change not sent is answered with `status`.
-    fn end(mut self, status: Status) {
-        self.state.store(ENDED, Ordering::Release);
+    /// Ends the stream in `state`: every change not sent is answered with
+    /// `status`.
+    fn end(mut self, state: u8, status: Status) {
+        self.state.store(state, Ordering::Release);
         self.queued.close();
         while let Ok(queued) = self.queued.try_recv() {
             let _ = queued.answer.send(Err(status.clone()));
         }
     }
+}
+
+/// The next batch from the front of `taken`: at most `batch` changes and
+/// [`MAX_BATCH_BYTES`] (at least one change), each recorded in `waiting`
+/// under the id it is sent with. A change whose caller has gone, or whose
+/// time is up, is not sent.
+fn take_batch(
+    taken: &mut VecDeque<Queued>,
+    batch: usize,
+    waiting: &mut HashMap<u64, Answer>,
+    next_id: &mut u64,
+) -> Vec<ApplyItem> {
+    let now = Instant::now();
+    let mut items = Vec::with_capacity(taken.len().min(batch));
+    let mut size = 0;
+    while items.len() < batch
+        && let Some(queued) = taken.pop_front()
+    {
+        if queued.answer.is_closed() {
+            continue;
+        }
+        // The change, its id and timeout, and their framing.
+        let len = queued.change.encoded_len() + 24;
+        if size + len > MAX_BATCH_BYTES && !items.is_empty() {
+            taken.push_front(queued);
+            break;
+        }
+        let Queued {
+            change,
+            until,
+            answer,
+        } = queued;
+        let left = until.map(|until| until.saturating_duration_since(now));
+        if left == Some(Duration::ZERO) {
+            let _ = answer.send(Err(late()));
+            continue;
+        }
+        size += len;
+        *next_id += 1;
+        waiting.insert(*next_id, answer);
+        items.push(ApplyItem {
+            id: *next_id,
+            change: Some(change),
+            timeout_ms: left.map_or(0, timeout_ms),
+        });
+    }
+    items
 }
 
 /// A timeout in whole milliseconds, at least 1 (0 would mean none).
@@ -228,6 +319,14 @@ fn timeout_ms(timeout: Duration) -> u32 {
 
 fn not_sent() -> Status {
     Status::unavailable("the Apply stream ended before the change was sent: not applied")
+}
+
+fn not_read() -> Status {
+    Status::unavailable("the node ended the Apply stream before it read the change: not applied")
+}
+
+fn late() -> Status {
+    Status::deadline_exceeded("no answer in time")
 }
 
 fn unanswered() -> Status {

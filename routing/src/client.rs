@@ -43,6 +43,10 @@ pub const EPOCH: &str = "x-readstates-epoch";
 pub const OWNER: &str = "x-readstates-owner";
 /// Set by a node on a request it forwards, so it is never forwarded again.
 pub const FORWARDED: &str = "x-readstates-forwarded";
+/// Trailing metadata of the status that ends an Apply stream once every
+/// item the node read is answered (it shuts down, or a frame did not
+/// decode): an item with no answer was not applied.
+pub const ALL_ANSWERED: &str = "x-readstates-all-answered";
 
 /// How long a call retries "not applied" answers by default: longer than a
 /// slot takes to move, or a node to restart.
@@ -201,12 +205,21 @@ impl FleetClient {
 
     /// Applies `change` of `user_id` (of a change to many users, any one:
     /// its owner splits the rest off) as an item of the Apply stream to
-    /// its owner, retrying as [`FleetClient::call`] does; its outcome, or
-    /// its error as the unary call's status.
-    pub async fn apply(&self, user_id: u64, change: Change) -> Result<Outcome, Status> {
+    /// its owner, within `timeout` if given (each try gets what is left of
+    /// it), retrying as [`FleetClient::call`] does; its outcome, or its
+    /// error as the unary call's status.
+    pub async fn apply(
+        &self,
+        user_id: u64,
+        change: Change,
+        timeout: Option<Duration>,
+    ) -> Result<Outcome, Status> {
+        let until = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         self.retrying(|| {
             let (applier, change) = (self.applier(user_id), change.clone());
-            async move { applier.apply(change, None).await }
+            let left =
+                until.map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
+            async move { applier.apply(change, left).await }
         })
         .await
     }

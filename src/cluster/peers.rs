@@ -25,8 +25,8 @@ use crate::tls::{Tls, connector};
 /// its users are written, which a slow store can hold up.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a node found without `Apply` (an older build) is sent unary
-/// calls before a stream is tried again.
+/// How long a node that refused an Apply stream is sent unary calls
+/// before a stream is tried again.
 const NO_APPLY_RETRY: Duration = Duration::from_secs(60);
 
 /// What a node asks of other nodes (a seam: simulations answer in-process).
@@ -82,7 +82,7 @@ impl GrpcPeers {
     /// The Apply stream to `address` for requests this node forwards, or,
     /// `passed_on`, for those it passes on to a previous owner (each has
     /// its own `metadata`, which marks how its requests came), opened on
-    /// first use and again once ended; `None` for a node that has no Apply
+    /// first use and again once ended; `None` for a node that refused one
     /// (see [`GrpcPeers::lacks_apply`]).
     pub fn applier(
         &self,
@@ -108,8 +108,9 @@ impl GrpcPeers {
         Ok(Some(applier))
     }
 
-    /// The node at `address` answered UNIMPLEMENTED to Apply: it is sent
-    /// unary calls for a while.
+    /// The node at `address` refused an Apply stream (an older build has
+    /// none; a node at its limit takes no more): it is sent unary calls
+    /// for a while.
     pub fn lacks_apply(&self, address: &str) {
         let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         streams

@@ -7,17 +7,15 @@
 //! their items in order ([`Items`]). An item done at once (a cached user)
 //! is answered in the response of its batch; one that has to wait (a load,
 //! an owner elsewhere) waits without holding up the stream, and is
-//! answered in a later response when it is done. On a stream from a
-//! client, an item touching a user of an item under way is held until
-//! that one is done, so each user's changes apply in the order sent; a
-//! stream from another node carries its callers' independent changes (a
-//! node starts a client's next change of a user only once the last is
-//! answered), which all go on at once. At most [`MAX_ITEMS`] items are
-//! under way or unsent per stream, and the task stops reading past them,
-//! or when the client does not read its results: memory per stream stays
-//! bounded, and the client is slowed by flow control. Shutdown answers the
-//! items begun once they are done, refuses the rest with UNAVAILABLE, and
-//! ends the stream with UNAVAILABLE.
+//! answered in a later response when it is done. An item touching a user
+//! of an item under way is held until that one is done, so each user's
+//! changes apply in the order sent. At most [`MAX_ITEMS`] items are under
+//! way or unsent per stream, and the task stops reading past them, or when
+//! the client does not read its results: memory per stream stays bounded,
+//! and the client is slowed by flow control. Shutdown answers the items
+//! begun once they are done, refuses the rest with UNAVAILABLE, and ends
+//! the stream with UNAVAILABLE marked [`ALL_ANSWERED`]: an item read and
+//! not answered was not applied.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -26,12 +24,14 @@ use std::task::{Context, Poll, Waker};
 
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
+use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Duration, Instant};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataValue;
 use tonic::{Status, Streaming};
 
-use super::route::{EPOCH, Hop, OWNER};
+use super::route::{ALL_ANSWERED, EPOCH, Hop, OWNER};
 use super::validate::{self, MAX_APPLY_ITEMS};
 use super::{
     Origin, ReadStatesService, ack, ack_all, bulk_ack, delete_read_states, get_badge_counts,
@@ -55,6 +55,11 @@ const UNREAD_RESPONSES: usize = 4;
 /// Items under way, held or answered and not sent, per stream, past which
 /// it reads no further batch.
 const MAX_ITEMS: usize = 4 * MAX_APPLY_ITEMS;
+
+/// The most a response carries (encoded), well within what a gRPC client
+/// decodes by default (4 MiB): answers of 1,000 badge counts of 1,000
+/// users each would be ten times that.
+const MAX_RESPONSE_BYTES: usize = 1 << 20;
 
 /// Each item kind's metrics (method `Apply.<Kind>`), apart from the unary
 /// calls'.
@@ -86,12 +91,13 @@ impl ItemMetrics {
 }
 
 /// Starts serving one stream, which came `hop`; `permit` is its place
-/// among the node's Apply streams, held until it ends.
+/// among the node's Apply streams (none for another node's), held until
+/// it ends.
 pub fn handle(
     service: ReadStatesService,
     requests: Streaming<ApplyRequest>,
     hop: Hop,
-    permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> ApplyStream {
     let (responses, sent) = mpsc::channel(UNREAD_RESPONSES);
     tokio::spawn(async move {
@@ -115,8 +121,8 @@ async fn serve(
     tokio::spawn(read_requests(requests, read));
     let stopping = service.stopping.clone();
     let mut items = Items::new(&service, hop);
-    // Why the stream ends before shutdown: the client half-closed (`None`),
-    // or sent what does not decode.
+    // Why nothing more is read: the client half-closed (`Some(None)`), or
+    // the stream ends with this status once every item read is answered.
     let mut ended: Option<Option<Status>> = None;
     loop {
         if ended.is_some() && items.is_empty() {
@@ -124,9 +130,15 @@ async fn serve(
         }
         tokio::select! {
             biased;
-            () = stopping.cancelled() => {
+            () = stopping.cancelled(), if ended.is_none() => {
+                // Items begun are done and answered; the others are
+                // answered unapplied.
                 items.stop();
-                break;
+                pending.close();
+                while let Ok(Ok((_, batch))) = pending.try_recv() {
+                    items.refuse(&batch, &Error::ShuttingDown);
+                }
+                ended = Some(Some(Error::ShuttingDown.into()));
             }
             () = responses.closed() => return,
             permit = responses.reserve(), if !items.answered.is_empty() => {
@@ -135,46 +147,32 @@ async fn serve(
             }
             Some(done) = items.waiting.next(), if !items.waiting.is_empty() => items.done(done),
             next = pending.recv(), if ended.is_none() && items.len() < MAX_ITEMS => match next {
-                Some(Ok(batch)) => items.read(batch),
+                Some(Ok((arrived, batch))) => items.read(arrived, batch),
                 None => ended = Some(None),
                 Some(Err(status)) => {
-                    ended = Some(Some(Error::BadStream(status.message().to_owned()).into()));
+                    let error = Error::BadStream(status.message().to_owned());
+                    ended = Some(Some(error.into()));
                 }
             },
         }
     }
-    // Items begun are done and answered, also on shutdown.
-    while let Some(done) = items.waiting.next().await {
-        items.done(done);
+    if let Some(Some(status)) = ended {
+        let _ = responses.send(Err(all_answered(status))).await;
     }
-    if !items.answered.is_empty() && responses.send(Ok(items.take_answered())).await.is_err() {
-        return;
-    }
-    let status = match ended {
-        Some(None) => return,
-        Some(Some(status)) => status,
-        // Shutdown: what was read and not begun is answered, unapplied.
-        None => {
-            pending.close();
-            while let Some(Ok(batch)) = pending.recv().await {
-                let results = batch
-                    .items
-                    .iter()
-                    .map(|item| refused(item.id, &Error::ShuttingDown))
-                    .collect();
-                if responses.send(Ok(ApplyResponse { results })).await.is_err() {
-                    return;
-                }
-            }
-            Error::ShuttingDown.into()
-        }
-    };
-    let _ = responses.send(Err(status)).await;
 }
 
-/// A batch read ahead, or why the request stream cannot be read (boxed: a
-/// `Status` is several times a batch's size).
-type Read = Result<ApplyRequest, Box<Status>>;
+/// `status`, ending a stream whose every item read was answered, says so:
+/// an item with no answer was not applied.
+fn all_answered(mut status: Status) -> Status {
+    status
+        .metadata_mut()
+        .insert(ALL_ANSWERED, MetadataValue::from_static("1"));
+    status
+}
+
+/// A batch read ahead, with when it arrived, or why the request stream
+/// cannot be read (boxed: a `Status` is several times a batch's size).
+type Read = Result<(Instant, ApplyRequest), Box<Status>>;
 
 /// Reads batches until the stream ends (an undecodable one is passed on,
 /// and ends it) or nobody takes them any more.
@@ -185,7 +183,7 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
             message = requests.message() => message,
         };
         let batch = match message {
-            Ok(Some(batch)) => Ok(batch),
+            Ok(Some(batch)) => Ok((Instant::now(), batch)),
             Ok(None) => return,
             Err(status) => Err(Box::new(status)),
         };
@@ -200,7 +198,7 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
 struct Item {
     id: u64,
     change: Option<Change>,
-    /// The users it touches (kept only on a stream that orders them).
+    /// The users it touches.
     users: Vec<u64>,
     started: Instant,
     until: Option<Instant>,
@@ -216,9 +214,6 @@ type Waiting<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send + '
 struct Items<'a> {
     service: &'a ReadStatesService,
     hop: Hop,
-    /// Whether each user's items wait for the ones before (a stream from
-    /// a client).
-    ordered: bool,
     /// Begun, waiting for a load or another node.
     waiting: Waiting<'a>,
     /// Per user, how many items in `waiting` touch it.
@@ -236,7 +231,6 @@ impl<'a> Items<'a> {
     fn new(service: &'a ReadStatesService, hop: Hop) -> Items<'a> {
         Items {
             service,
-            ordered: hop == Hop::First,
             hop,
             waiting: FuturesUnordered::new(),
             busy: HashMap::new(),
@@ -255,36 +249,42 @@ impl<'a> Items<'a> {
         self.len() == 0
     }
 
+    /// The answers not sent yet, as many as fit in one response (see
+    /// [`MAX_RESPONSE_BYTES`]; at least one).
     fn take_answered(&mut self) -> ApplyResponse {
+        let mut size = 0;
+        let fit = self
+            .answered
+            .iter()
+            .take_while(|result| {
+                size += result.encoded_len();
+                size <= MAX_RESPONSE_BYTES
+            })
+            .count()
+            .max(1);
+        let rest = self.answered.split_off(fit.min(self.answered.len()));
         ApplyResponse {
-            results: std::mem::take(&mut self.answered),
+            results: std::mem::replace(&mut self.answered, rest),
         }
     }
 
-    /// Starts, or holds, the items of `batch` in order.
-    fn read(&mut self, batch: ApplyRequest) {
-        let started = Instant::now();
+    /// Starts, or holds, the items of `batch`, which `arrived` then, in
+    /// order.
+    fn read(&mut self, arrived: Instant, batch: ApplyRequest) {
         if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
-            let refusals = batch.items.iter().map(|item| refused(item.id, &error));
-            self.answered.extend(refusals);
-            return;
+            return self.refuse(&batch, &error);
         }
-        let batch_until = limit(started, batch.timeout_ms);
+        let batch_until = limit(arrived, batch.timeout_ms);
         for item in batch.items {
-            let until = match (batch_until, limit(started, item.timeout_ms)) {
+            let until = match (batch_until, limit(arrived, item.timeout_ms)) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let users = if self.ordered {
-                touched(&item)
-            } else {
-                Vec::new()
-            };
             let item = Item {
+                users: touched(&item),
                 id: item.id,
                 change: item.change,
-                users,
-                started,
+                started: arrived,
                 until,
             };
             if self.blocked(&item) {
@@ -293,6 +293,12 @@ impl<'a> Items<'a> {
                 self.begin(item);
             }
         }
+    }
+
+    /// Answers every item of `batch` with `error`, unapplied.
+    fn refuse(&mut self, batch: &ApplyRequest, error: &Error) {
+        let refusals = batch.items.iter().map(|item| refused(item.id, error));
+        self.answered.extend(refusals);
     }
 
     /// Whether `item` must wait for an item before it of one of its users.
@@ -359,10 +365,11 @@ impl<'a> Items<'a> {
             id,
             outcome: Some(outcome),
         });
+        let mut freed = false;
         for user in users {
-            release(&mut self.busy, user);
+            freed |= release(&mut self.busy, user) && self.held_users.contains_key(&user);
         }
-        if self.held.is_empty() {
+        if !freed {
             return;
         }
         let held = std::mem::take(&mut self.held);
@@ -377,7 +384,7 @@ impl<'a> Items<'a> {
     }
 
     /// Shutdown: the items held are answered unapplied (those begun are
-    /// done first, by the caller).
+    /// answered as they are done).
     fn stop(&mut self) {
         let held = std::mem::take(&mut self.held);
         self.held_users.clear();
@@ -388,14 +395,17 @@ impl<'a> Items<'a> {
     }
 }
 
-/// One count of `user` in `counts` less.
-fn release(counts: &mut HashMap<u64, usize>, user: u64) {
-    if let Some(count) = counts.get_mut(&user) {
-        *count -= 1;
-        if *count == 0 {
-            counts.remove(&user);
-        }
+/// One count of `user` in `counts` less; whether that was its last.
+fn release(counts: &mut HashMap<u64, usize>, user: u64) -> bool {
+    let Some(count) = counts.get_mut(&user) else {
+        return false;
+    };
+    *count -= 1;
+    if *count > 0 {
+        return false;
     }
+    counts.remove(&user);
+    true
 }
 
 /// The instant `timeout_ms` after `started`; none for 0.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use readstates_routing::slot_of;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use super::forward::Forward;
 use crate::cluster::member::Member;
@@ -27,7 +27,7 @@ use crate::proto::read_states_client::ReadStatesClient;
 
 /// Set on a forwarded request; on a refusal, the owner (`id@host:port`)
 /// and the epoch of that answer. Defined with the client that reads them.
-pub use readstates_routing::client::{EPOCH, FORWARDED, OWNER};
+pub use readstates_routing::client::{ALL_ANSWERED, EPOCH, FORWARDED, OWNER};
 
 /// Set, with [`FORWARDED`], on a request passed on to the previous owner
 /// of a slot by the node acquiring it: it goes no further.
@@ -194,6 +194,7 @@ impl Router {
             return Err(Status::unavailable(format!("{owner} left the ring")));
         };
         let passed_on = *hop != Hop::First;
+        let until = budget.map(|budget| Instant::now() + budget);
         let mut request = request;
         if Req::ITEM
             && let Some(applier) = self
@@ -201,12 +202,13 @@ impl Router {
                 .applier(&node.address, passed_on, || self.marks(passed_on))
                 .map_err(Status::unavailable)?
         {
-            // The first stream to a node may find that it has no Apply;
-            // the request was not applied there, and goes as a call.
+            // A new stream may be refused (a node of an older build has no
+            // Apply; one at its limit of streams takes no more): then the
+            // request, not applied there, goes as a call.
             let fallback = (!applier.is_open()).then(|| request.clone());
             request = match request.item() {
                 Ok(change) => match (applier.apply(change, budget).await, fallback) {
-                    (Err(status), Some(request)) if status.code() == Code::Unimplemented => {
+                    (Err(_), Some(request)) if applier.failed_to_open() => {
                         self.peers.lacks_apply(&node.address);
                         request
                     }
@@ -226,8 +228,8 @@ impl Router {
             .map_err(Status::unavailable)?;
         let mut request = Request::new(request);
         *request.metadata_mut() = self.marks(passed_on);
-        if let Some(budget) = budget {
-            request.set_timeout(budget);
+        if let Some(until) = until {
+            request.set_timeout(until.saturating_duration_since(Instant::now()));
         }
         Req::call(ReadStatesClient::new(channel), request)
             .await

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use readstates::config::Config;
 use readstates::proto::apply_item::Change;
@@ -27,8 +27,8 @@ use crate::helpers::{
 
 /// One open Apply stream (the fleet tests use it too).
 pub struct Applier {
-    batches: mpsc::Sender<ApplyRequest>,
-    results: Streaming<ApplyResponse>,
+    pub batches: mpsc::Sender<ApplyRequest>,
+    pub results: Streaming<ApplyResponse>,
 }
 
 impl Applier {
@@ -581,6 +581,12 @@ async fn shutdown_answers_what_was_applied_and_refuses_the_rest() {
         }
     };
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .metadata()
+            .contains_key(readstates::grpc::route::ALL_ANSWERED),
+        "an item with no answer was not applied: {status:?}"
+    );
     stopping.await.unwrap();
     let mut applied = Vec::new();
     for (id, outcome) in &outcomes {
@@ -859,4 +865,146 @@ async fn an_items_own_timeout_cuts_that_item_only() {
     assert!(matches!(&outcomes[&1], Outcome::Ack(r) if r.applied));
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(app.all_read_states(5).await.read_states.is_empty());
+}
+
+fn badge(first: u64) -> Change {
+    Change::GetBadgeCounts(GetBadgeCountsRequest {
+        user_ids: (first..first + 1000).collect(),
+    })
+}
+
+/// Found in review: the answers of 450 GetBadgeCounts items of 1,000
+/// users each (a 3.6 MB batch) went out in one response of about 5 MB,
+/// more than a client decodes by default, and the stream broke. Answers
+/// go out in responses of at most 1 MiB.
+#[tokio::test]
+async fn answers_too_large_for_one_response_are_split() {
+    let app = spawn_app().await;
+    let mut stream = Applier::open(&app).await;
+    // Warm users 1..=1000 (a badge read loads them).
+    let warmed = stream.apply(vec![badge(1)]).await;
+    assert!(matches!(warmed[0], Outcome::GetBadgeCounts(_)));
+    let changes: Vec<Change> = (0..450).map(|_| badge(1)).collect();
+    stream.send(batch(changes)).await;
+    let mut answered = 0;
+    let started = Instant::now();
+    while answered < 450 {
+        match tokio::time::timeout(Duration::from_secs(120), stream.results.message())
+            .await
+            .expect("120 s")
+        {
+            Ok(Some(response)) => {
+                answered += response.results.len();
+            }
+            Ok(None) => panic!("ended"),
+            Err(status) => panic!(
+                "stream broken after {answered} answers at {:?}: {status:?}",
+                started.elapsed()
+            ),
+        }
+    }
+}
+
+/// Found in review: an item's `timeout_ms` ran from when the node took its
+/// batch from the read-ahead, not from when the batch arrived: an item of
+/// 300 ms behind 4,000 held items was applied 1.6 s after it was sent.
+#[tokio::test]
+async fn an_items_timeout_runs_from_when_its_batch_arrived() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_500))).user(1));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let mut stream = Applier::open(&app).await;
+    let sent = Instant::now();
+    for b in 0..4u64 {
+        let mut request = batch(
+            (0..1000)
+                .map(|m| Change::Ack(ack(1, 10, b * 1000 + m + 1)))
+                .collect(),
+        );
+        for item in &mut request.items {
+            item.id += b * 1000;
+        }
+        stream.send(request).await;
+    }
+    let mut late = batch(vec![Change::Ack(ack(2, 10, 5))]);
+    late.items[0].id = 9_999;
+    late.items[0].timeout_ms = 300;
+    stream.send(late).await;
+    loop {
+        for result in stream.next().await.unwrap() {
+            if result.id == 9_999 {
+                let outcome = result.outcome.unwrap();
+                let ok = matches!(outcome, Outcome::Ack(ref r) if r.applied);
+                assert!(
+                    !(ok && sent.elapsed() > Duration::from_millis(600)),
+                    "timeout_ms 300, answered applied after {:?}",
+                    sent.elapsed()
+                );
+                if let Outcome::Error(e) = outcome {
+                    assert_eq!(Code::from_i32(e.code), Code::DeadlineExceeded);
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Found in review: at shutdown, answers already made waited, unsent, for
+/// every item still under way (here a load of 8 s): a client behind in
+/// reading got none of its 10,500 answers for 7 s, and with a slower item
+/// would have been cut off by the grace with them unsent.
+#[tokio::test]
+async fn at_shutdown_answers_go_out_while_a_slow_item_finishes() {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_secs(8))).user(9));
+    let app = spawn_app_on(test_config(), store.clone()).await;
+    let channel = Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = Applier::try_open(channel, 64).await.unwrap();
+    let _ = stream
+        .batches
+        .try_send(batch(vec![Change::Ack(ack(9, 10, 1))]));
+    for b in 0..40u64 {
+        let mut request = batch(
+            (1..=500)
+                .map(|i| Change::Ack(ack(1, 10, b * 500 + i)))
+                .collect(),
+        );
+        for item in &mut request.items {
+            item.id += 1 + b * 500;
+        }
+        let _ = stream.batches.try_send(request);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopping = tokio::spawn(app.stop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reading = Instant::now();
+    let mut last_quick = Duration::ZERO;
+    let mut quick = 0;
+    let status = loop {
+        match stream.results.message().await {
+            Ok(Some(response)) => {
+                for result in response.results {
+                    if result.id != 0 && matches!(result.outcome, Some(Outcome::Ack(_))) {
+                        quick += 1;
+                        last_quick = reading.elapsed();
+                    }
+                }
+            }
+            Ok(None) => panic!("OK end"),
+            Err(status) => break status,
+        }
+    };
+    stopping.await.unwrap();
+    eprintln!(
+        "{quick} quick acks answered, the last {last_quick:?} after reading began; end {status:?}"
+    );
+    assert!(
+        last_quick < Duration::from_secs(3),
+        "{quick} answers held {last_quick:?}"
+    );
 }

@@ -23,8 +23,9 @@ use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates_routing::client::FleetClient;
 use std::time::Duration;
 
+use crate::apply::Applier;
 use crate::fleet::{add, adopted, first_read_state, member, reweigh, set_weight, shared};
-use crate::helpers::{spawn_member, test_config};
+use crate::helpers::{spawn_app, spawn_member, test_config};
 
 fn ack(user_id: u64, message_id: u64) -> AckRequest {
     AckRequest {
@@ -140,7 +141,11 @@ async fn the_routing_client_applies_changes_at_their_owners_while_slots_move() {
     let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
     let apply = |fleet: FleetClient, user: u64, message_id: u64| async move {
         let answer = fleet
-            .apply(user, Change::Ack(ack(user, message_id)))
+            .apply(
+                user,
+                Change::Ack(ack(user, message_id)),
+                Some(Duration::from_secs(10)),
+            )
             .await
             .unwrap_or_else(|s| panic!("user {user}: {s:?}"));
         assert!(
@@ -192,7 +197,7 @@ async fn the_routing_client_retries_an_item_that_was_not_applied() {
     let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
     store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
     let started = std::time::Instant::now();
-    let answer = fleet.apply(1, Change::Ack(ack(1, 30))).await.unwrap();
+    let answer = fleet.apply(1, Change::Ack(ack(1, 30)), None).await.unwrap();
     assert!(
         matches!(answer, Outcome::Ack(ref r) if r.applied),
         "{answer:?}"
@@ -201,7 +206,10 @@ async fn the_routing_client_retries_an_item_that_was_not_applied() {
 
     store.inject(Fault::new(Operation::Load, Effect::Fail).lasting(Duration::from_secs(1)));
     let once = fleet.clone().with_retry_budget(Duration::ZERO);
-    let refused = once.apply(2, Change::Ack(ack(2, 30))).await.unwrap_err();
+    let refused = once
+        .apply(2, Change::Ack(ack(2, 30)), None)
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     a.stop().await;
 }
@@ -319,4 +327,76 @@ fn answer(method: &str, mut respond: h2::server::SendResponse<Bytes>) {
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());
     let _ = body.send_trailers(trailers);
+}
+
+fn badge(first: u64) -> Change {
+    Change::GetBadgeCounts(GetBadgeCountsRequest {
+        user_ids: (first..first + 1000).collect(),
+    })
+}
+
+/// Found in review: 450 callers of one shared stream (as a node's stream
+/// to a peer), each with a GetBadgeCounts part of 1,000 users, and one
+/// with an Ack: their answers, in one response too large to decode, broke
+/// the stream, and every caller got CANCELLED.
+#[tokio::test]
+async fn a_shared_stream_answers_every_caller_of_large_parts() {
+    let app = spawn_app().await;
+    let applier = readstates_routing::apply::Applier::open(
+        app.channel().await,
+        tonic::metadata::MetadataMap::new(),
+        readstates_routing::apply::MAX_BATCH,
+    );
+    applier.apply(badge(1), None).await.expect("warm");
+    let calls = (0..450)
+        .map(|i| {
+            let applier = applier.clone();
+            tokio::spawn(async move {
+                // One caller's Ack among the push service's badge reads.
+                let change = if i == 200 {
+                    Change::Ack(ack(5_000, 5))
+                } else {
+                    badge(1)
+                };
+                applier.apply(change, None).await
+            })
+        })
+        .collect::<Vec<_>>();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    let mut codes: HashMap<String, usize> = HashMap::new();
+    for answer in &answers {
+        let code = match answer {
+            Ok(_) => "OK".to_owned(),
+            Err(s) => format!("{:?}", s.code()),
+        };
+        *codes.entry(code).or_default() += 1;
+    }
+    assert_eq!(codes.get("OK"), Some(&450), "{codes:?}");
+}
+
+/// Found in review: a node at its limit of Apply streams (clients' message
+/// pipelines) refused the stream of another node, so every request sent
+/// on to it failed. Streams of other nodes do not count against the limit.
+#[tokio::test]
+async fn a_peer_at_its_limit_of_streams_still_takes_what_is_sent_on() {
+    let (store, ring) = shared();
+    let mut a = member("rv-limit-a", &store, &ring).await;
+    let mut config = test_config();
+    config.node_id = Some("rv-limit-b".to_owned());
+    config.ring_poll = Duration::from_millis(50);
+    config.max_apply_streams = 1;
+    let b = spawn_member(config, store.clone(), ring.clone()).await;
+    add(&ring, "rv-limit-a", &a, 100).await;
+    add(&ring, "rv-limit-b", &b, 100).await;
+    let record = ring.load().await.unwrap();
+    let user = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "rv-limit-b")
+        .unwrap();
+    // A message pipeline holds B's only Apply stream.
+    let _pipeline = Applier::open(&b).await;
+    let answer = a.client.ack(ack(user, 5)).await;
+    assert!(answer.is_ok(), "{answer:?}");
 }
