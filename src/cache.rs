@@ -424,18 +424,20 @@ impl Cache {
     async fn pin_all(self: &Arc<Self>, user_ids: &[u64]) -> Result<Pins, Error> {
         let pins = Pins::new(self.clone(), user_ids.len());
         let mut missing = Vec::new();
+        let mut held = Vec::with_capacity(user_ids.len());
         for &user_id in user_ids {
-            let held = self.with_shard(self.shard_of(user_id), |shard| {
-                let held = shard.pin(user_id);
-                shard.count_lookup(held);
-                held
+            let found = self.with_shard(self.shard_of(user_id), |shard| {
+                let found = shard.pin(user_id);
+                shard.count_lookup(found);
+                found
             });
-            if held {
-                pins.add(user_id, None);
+            if found {
+                held.push(user_id);
             } else {
                 missing.push(user_id);
             }
         }
+        pins.add_held(&held);
         // The usual case, without building the machinery for concurrent loads.
         if missing.is_empty() {
             return Ok(pins);

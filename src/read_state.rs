@@ -602,7 +602,7 @@ impl<E: Entries> UserReadStates<E> {
     }
 
     fn position(&self, key: Key) -> Result<usize, usize> {
-        self.entries.binary_search_by_key(&key, ReadState::key)
+        search(&self.entries, key)
     }
 
     /// The live read state at `position`, if there is one.
@@ -724,8 +724,7 @@ impl<'a> UserView<'a> {
     /// The live read state for `key`.
     pub fn get(self, key: Key) -> Option<&'a ReadState> {
         let entries = self.entries;
-        entries
-            .binary_search_by_key(&key, ReadState::key)
+        search(entries, key)
             .ok()
             .map(|i| &entries[i])
             .filter(|e| !e.deleted)
@@ -786,6 +785,25 @@ impl<'a> UserView<'a> {
         self.entries.iter().filter(move |e| e.version > written)
     }
 }
+
+/// Where `key` is in `entries` (sorted by key), or where it would go.
+/// A user's read states are a cache miss away: up to [`LINEAR_SEARCH`] of
+/// them are scanned in order, whose loads the CPU and its prefetcher run
+/// ahead of the comparisons, rather than binary searched, whose every probe
+/// waits for the one before.
+fn search(entries: &[ReadState], key: Key) -> Result<usize, usize> {
+    if entries.len() > LINEAR_SEARCH {
+        return entries.binary_search_by_key(&key, ReadState::key);
+    }
+    match entries.iter().position(|entry| entry.key() >= key) {
+        Some(i) if entries[i].key() == key => Ok(i),
+        Some(i) => Err(i),
+        None => Err(entries.len()),
+    }
+}
+
+/// See [`search`]: 64 read states of 40 bytes are 40 cache lines.
+const LINEAR_SEARCH: usize = 64;
 
 #[cfg(test)]
 mod tests;

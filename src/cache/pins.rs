@@ -43,6 +43,16 @@ impl Pins {
         self.lock().push((user_id, load, ticket));
     }
 
+    /// Records pins just taken of cached users, as [`Pins::add`] does
+    /// each, under one lock.
+    pub(crate) fn add_held(&self, user_ids: &[u64]) {
+        let ownership = self.cache.ownership();
+        let pins = user_ids
+            .iter()
+            .map(|&user_id| (user_id, None, ownership.ticket(user_id)));
+        self.lock().extend(pins);
+    }
+
     /// Whether every pinned copy is still the one cached: no release let go
     /// of it since it was pinned.
     pub(crate) fn all_kept(&self) -> bool {

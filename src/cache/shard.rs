@@ -175,6 +175,11 @@ impl Shard {
     /// Finds a held user and makes it the most recently used, moving it
     /// back from the evicted ones if it is one.
     fn hold(&mut self, user_id: u64) -> Option<Slot> {
+        self.held(user_id, true)
+    }
+
+    /// [`Shard::hold`], made the most recently used only if `touch`.
+    fn held(&mut self, user_id: u64, touch: bool) -> Option<Slot> {
         let slot = self.users.find(user_id)?;
         if self.users.get(slot).is(Flags::EVICTED) {
             let user = self.users.get_mut(slot);
@@ -185,7 +190,7 @@ impl Shard {
             self.users.link(slot);
             self.read_states += weight;
             self.evict_over_capacity(slot);
-        } else {
+        } else if touch {
             self.users.touch(slot);
         }
         Some(slot)
@@ -381,7 +386,10 @@ impl Shard {
 
     /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
     pub(crate) fn pin(&mut self, user_id: u64) -> bool {
-        match self.hold(user_id) {
+        // Not made the most recently used: the change it is pinned for
+        // does that (moving a user touches its neighbours, two cache
+        // misses).
+        match self.held(user_id, false) {
             Some(slot) => {
                 self.add_pins(slot, 1);
                 true

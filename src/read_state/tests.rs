@@ -620,3 +620,23 @@ fn a_user_put_together_from_its_parts_tracks_how_its_unwritten_count_changes() {
         );
     }
 }
+
+proptest! {
+    /// The search of a user's read states finds what a binary search
+    /// finds, on either side of the length where it stops scanning.
+    #[test]
+    fn search_finds_what_a_binary_search_finds(
+        channels in prop::collection::btree_set(1u64..400, 0..(2 * LINEAR_SEARCH)),
+        wanted in 0u64..401,
+    ) {
+        let entries: Vec<ReadState> = channels
+            .iter()
+            .map(|&channel_id| ReadState::new(Key::channel(channel_id)))
+            .collect();
+        let key = Key::channel(wanted);
+        prop_assert_eq!(
+            search(&entries, key),
+            entries.binary_search_by_key(&key, ReadState::key)
+        );
+    }
+}
