@@ -1,5 +1,7 @@
-//! One shard of the cache: users in LRU order, counted in read states, and the
-//! shard's write-behind queues, all behind the shard's one lock.
+//! One shard of the cache: users in eviction order, counted in read states,
+//! and the shard's write-behind queues, all behind the shard's one lock.
+//! The order approximates LRU by CLOCK: a user used is marked, not moved,
+//! and eviction sends a marked user to the back instead (a second chance).
 //!
 //! Everything here is synchronous and runs under that lock, so it never awaits
 //! and never does I/O: it only moves users between the LRU, the evicted ones
@@ -96,7 +98,8 @@ pub(crate) struct ShardGauges {
 
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// Cached users in LRU order, and users evicted with unwritten changes.
+    /// Cached users in eviction order, and users evicted with unwritten
+    /// changes.
     users: Users,
     /// The users' read states.
     arena: Arena,
@@ -178,7 +181,7 @@ impl Shard {
         self.held(user_id, true)
     }
 
-    /// [`Shard::hold`], made the most recently used only if `touch`.
+    /// [`Shard::hold`], marked used only if `touch`.
     fn held(&mut self, user_id: u64, touch: bool) -> Option<Slot> {
         let slot = self.users.find(user_id)?;
         if self.users.get(slot).is(Flags::EVICTED) {
@@ -191,7 +194,10 @@ impl Shard {
             self.read_states += weight;
             self.evict_over_capacity(slot);
         } else if touch {
-            self.users.touch(slot);
+            // Marked, not moved: moving a user in the eviction order
+            // touches its two neighbours, cache misses on every request;
+            // eviction gives a marked user a second chance instead.
+            self.users.get_mut(slot).flags.set(Flags::REFERENCED, true);
         }
         Some(slot)
     }
@@ -246,8 +252,8 @@ impl Shard {
             .wrapping_add(u32::from(!since.subsec_nanos().is_multiple_of(1_000_000)))
     }
 
-    /// Runs `f` on a held user (promoting it in the LRU); `None` if the user
-    /// is not held.
+    /// Runs `f` on a held user (marked used); `None` if the user is not
+    /// held.
     pub(crate) fn read<R>(&mut self, user_id: u64, f: impl FnOnce(&UserView) -> R) -> Option<R> {
         let slot = self.hold(user_id)?;
         Some(f(&self.view(slot)))
@@ -386,9 +392,7 @@ impl Shard {
 
     /// Pins a held user (see [`CachedUser::pins`]); false if it is not held.
     pub(crate) fn pin(&mut self, user_id: u64) -> bool {
-        // Not made the most recently used: the change it is pinned for
-        // does that (moving a user touches its neighbours, two cache
-        // misses).
+        // Not marked used: the change it is pinned for marks it.
         match self.held(user_id, false) {
             Some(slot) => {
                 self.add_pins(slot, 1);
@@ -508,7 +512,17 @@ impl Shard {
                 if spared >= self.users.linked() {
                     break;
                 }
-                self.users.touch(oldest);
+                self.users.requeue(oldest);
+                continue;
+            }
+            if user.is(Flags::REFERENCED) {
+                // Used since it was last here: to the back, unmarked (each
+                // user once, so the loop ends).
+                self.users
+                    .get_mut(oldest)
+                    .flags
+                    .set(Flags::REFERENCED, false);
+                self.users.requeue(oldest);
                 continue;
             }
             let (user_id, weight) = (user.user_id, user.weight());

@@ -606,3 +606,26 @@ mod release {
         assert_eq!(gone, [3]);
     }
 }
+
+/// Eviction approximates LRU by CLOCK: a user used since eviction last
+/// passed over it is spared once, and one that was not is evicted first.
+#[tokio::test]
+async fn a_user_used_since_the_last_eviction_pass_outlives_one_that_was_not() {
+    let store = Arc::new(FaultyStore::memory());
+    let cache = Cache::new(config(3), store.clone());
+    for user_id in 1..=4 {
+        // Users of one read state: the fourth evicts one of the first three.
+        assert_eq!(last_acked(&cache, user_id, 1).await, None);
+    }
+    assert_eq!(store.loads(), 4);
+    // Users 2, 3 and 4 are cached, none used since the pass; 2 is used.
+    assert_eq!(last_acked(&cache, 2, 1).await, None);
+    let loads = store.loads();
+    assert_eq!(loads, 4, "user 2 was still cached");
+    assert_eq!(last_acked(&cache, 5, 1).await, None);
+    // User 5 evicted user 3 (not used since the last pass), not user 2.
+    assert_eq!(last_acked(&cache, 2, 1).await, None);
+    assert_eq!(store.loads(), loads + 1, "user 2 stayed cached");
+    assert_eq!(last_acked(&cache, 3, 1).await, None);
+    assert_eq!(store.loads(), loads + 2, "user 3 was evicted");
+}

@@ -1,5 +1,5 @@
 //! The users of one shard: packed records in a slab, found by user id
-//! through an index of slab positions, and kept in LRU order by links
+//! through an index of slab positions, and kept in eviction order by links
 //! inside the records.
 //!
 //! Per user this costs its record and about two `u32` index buckets, with
@@ -57,6 +57,9 @@ impl Flags {
     pub(crate) const EVICTED: Flags = Flags(1 << 4);
     /// A "delete all" at `delta_floor` is not written yet.
     pub(crate) const CLEAR_PENDING: Flags = Flags(1 << 5);
+    /// Used since it last came to the front of the eviction order: it goes
+    /// to the back instead of being evicted (a second chance).
+    pub(crate) const REFERENCED: Flags = Flags(1 << 6);
 
     pub(crate) fn has(self, flag: Flags) -> bool {
         self.0 & flag.0 != 0
@@ -233,8 +236,8 @@ impl Users {
         (self.head != NIL).then_some(self.head)
     }
 
-    /// Makes a linked user the most recently used.
-    pub(crate) fn touch(&mut self, slot: Slot) {
+    /// Moves a linked user to the back of the eviction order.
+    pub(crate) fn requeue(&mut self, slot: Slot) {
         if self.tail != slot {
             self.unlink(slot);
             self.link(slot);
@@ -306,8 +309,8 @@ mod tests {
             .map(|id| users.insert(CachedUser::new(id << 22)))
             .collect();
         assert_eq!(order(&users), [1, 2, 3, 4, 5].map(|id| id << 22));
-        users.touch(slots[1]);
-        users.touch(slots[4]);
+        users.requeue(slots[1]);
+        users.requeue(slots[4]);
         assert_eq!(order(&users), [1, 3, 4, 2, 5].map(|id| id << 22));
         users.unlink(slots[0]);
         assert_eq!(users.lru(), Some(slots[2]));
