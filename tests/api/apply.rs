@@ -22,7 +22,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::helpers::{
-    TestApp, garbage_stream, spawn_app, spawn_app_on, spawn_app_with, test_config,
+    TestApp, garbage_stream, small_window_channel, spawn_app, spawn_app_on, spawn_app_with,
+    test_config,
 };
 
 /// One open Apply stream (the fleet tests use it too).
@@ -96,6 +97,13 @@ pub fn batch(changes: Vec<Change>) -> ApplyRequest {
             .collect(),
         timeout_ms: 0,
     }
+}
+
+/// An app whose store takes `delay` to load `user`.
+async fn app_with_slow_loads_of(user: u64, delay: Duration) -> TestApp {
+    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(delay)).user(user));
+    spawn_app_on(test_config(), store).await
 }
 
 /// The error an item was answered with.
@@ -442,12 +450,7 @@ async fn streams_beyond_the_limit_are_refused_until_one_ends() {
 #[tokio::test]
 async fn a_client_that_does_not_read_is_held_back_and_loses_nothing() {
     let mut app = spawn_app().await;
-    let channel = Channel::from_shared(format!("http://{}", app.addr))
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = small_window_channel(&app).await;
     let mut stream = Applier::try_open(channel, 1).await.unwrap();
     const BATCHES: u64 = 200;
     const ITEMS: u64 = 500;
@@ -500,9 +503,7 @@ async fn a_client_that_does_not_read_is_held_back_and_loses_nothing() {
 /// DEADLINE_EXCEEDED and not applied; other users' items go on.
 #[tokio::test]
 async fn items_late_for_their_batch_timeout_are_not_applied() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(600))).user(5));
-    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut app = app_with_slow_loads_of(5, Duration::from_millis(600)).await;
     let mut stream = Applier::open(&app).await;
     let mut request = batch(vec![
         Change::Ack(ack(4, 10, 1)),
@@ -652,9 +653,7 @@ async fn a_batch_of_cold_users_waits_for_about_one_load() {
 /// users) are each applied.
 #[tokio::test]
 async fn items_that_wait_together_are_each_applied() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(300))).user(1));
-    let app = spawn_app_on(test_config(), store.clone()).await;
+    let app = app_with_slow_loads_of(1, Duration::from_millis(300)).await;
     let mut stream = Applier::open(&app).await;
     let outcomes = stream
         .apply(vec![
@@ -677,9 +676,7 @@ async fn items_that_wait_together_are_each_applied() {
 /// wait for the user's load and items of other users go on meanwhile.
 #[tokio::test]
 async fn a_users_items_apply_in_order_while_others_go_on() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(300))).user(1));
-    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut app = app_with_slow_loads_of(1, Duration::from_millis(300)).await;
     let mut stream = Applier::open(&app).await;
     let manual = AckRequest {
         manual: true,
@@ -725,12 +722,7 @@ async fn states_of(app: &mut TestApp, user_id: u64) -> u64 {
 async fn a_client_behind_at_shutdown_gets_every_answer_then_unavailable() {
     let durable = Arc::new(MemoryStore::new());
     let app = spawn_app_on(test_config(), durable.clone()).await;
-    let channel = Channel::from_shared(format!("http://{}", app.addr))
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = small_window_channel(&app).await;
     let mut stream = Applier::try_open(channel, 64).await.unwrap();
     const ITEMS: u64 = 500;
     for b in 0..40 {
@@ -783,12 +775,7 @@ async fn a_client_behind_at_shutdown_gets_every_answer_then_unavailable() {
 #[tokio::test]
 async fn a_client_that_never_reads_does_not_hold_up_shutdown() {
     let app = spawn_app().await;
-    let channel = Channel::from_shared(format!("http://{}", app.addr))
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let channel = small_window_channel(&app).await;
     let stream = Applier::try_open(channel, 64).await.unwrap();
     for b in 0..40u64 {
         let changes = (1..=500)
@@ -809,9 +796,7 @@ async fn a_client_that_never_reads_does_not_hold_up_shutdown() {
 /// answered first, and it is answered once done.
 #[tokio::test]
 async fn a_waiting_item_holds_up_no_other_answer() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_000))).user(1));
-    let app = spawn_app_on(test_config(), store.clone()).await;
+    let app = app_with_slow_loads_of(1, Duration::from_millis(1_000)).await;
     let mut stream = Applier::open(&app).await;
     stream
         .send(batch(vec![
@@ -847,9 +832,7 @@ async fn a_waiting_item_holds_up_no_other_answer() {
 /// An item's own `timeout_ms` cuts it, not its batch's other items.
 #[tokio::test]
 async fn an_items_own_timeout_cuts_that_item_only() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(600))).user(5));
-    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let mut app = app_with_slow_loads_of(5, Duration::from_millis(600)).await;
     let mut stream = Applier::open(&app).await;
     let mut request = batch(vec![Change::Ack(ack(5, 10, 1)), Change::Ack(ack(6, 10, 1))]);
     request.items[0].timeout_ms = 200;
@@ -910,9 +893,7 @@ async fn answers_too_large_for_one_response_are_split() {
 /// 300 ms behind 4,000 held items was applied 1.6 s after it was sent.
 #[tokio::test]
 async fn an_items_timeout_runs_from_when_its_batch_arrived() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(1_500))).user(1));
-    let app = spawn_app_on(test_config(), store.clone()).await;
+    let app = app_with_slow_loads_of(1, Duration::from_millis(1_500)).await;
     let mut stream = Applier::open(&app).await;
     let sent = Instant::now();
     for b in 0..4u64 {
@@ -955,15 +936,8 @@ async fn an_items_timeout_runs_from_when_its_batch_arrived() {
 /// would have been cut off by the grace with them unsent.
 #[tokio::test]
 async fn at_shutdown_answers_go_out_while_a_slow_item_finishes() {
-    let store = Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), 0));
-    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_secs(8))).user(9));
-    let app = spawn_app_on(test_config(), store.clone()).await;
-    let channel = Channel::from_shared(format!("http://{}", app.addr))
-        .unwrap()
-        .initial_stream_window_size(65_535)
-        .connect()
-        .await
-        .unwrap();
+    let app = app_with_slow_loads_of(9, Duration::from_secs(8)).await;
+    let channel = small_window_channel(&app).await;
     let mut stream = Applier::try_open(channel, 64).await.unwrap();
     let _ = stream
         .batches

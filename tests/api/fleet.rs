@@ -46,6 +46,16 @@ pub async fn member(id: &str, store: &Arc<MemoryStore>, ring: &Arc<MemoryRingSto
     spawn_member(config, store.clone(), ring.clone()).await
 }
 
+/// Nodes `first` and `second` of weight 100 each, on one store and ring.
+pub async fn two_nodes(first: &str, second: &str) -> (Arc<MemoryRingStore>, TestApp, TestApp) {
+    let (store, ring) = shared();
+    let a = member(first, &store, &ring).await;
+    let b = member(second, &store, &ring).await;
+    add(&ring, first, &a, 100).await;
+    add(&ring, second, &b, 100).await;
+    (ring, a, b)
+}
+
 pub async fn add(ring: &MemoryRingStore, id: &str, app: &TestApp, weight: u32) -> u64 {
     let node = Node {
         id: id.to_owned(),
@@ -155,11 +165,7 @@ async fn slots_move_both_ways_with_every_change_kept() {
 
 #[tokio::test]
 async fn a_forwarded_request_is_not_forwarded_again() {
-    let (store, ring) = shared();
-    let a = member("a", &store, &ring).await;
-    let mut b = member("b", &store, &ring).await;
-    add(&ring, "a", &a, 100).await;
-    add(&ring, "b", &b, 100).await;
+    let (ring, a, mut b) = two_nodes("a", "b").await;
     let record = ring.load().await.unwrap();
     let user = (1..)
         .find(|&u| record.ring.owner_of(u).unwrap().id == "a")
@@ -194,11 +200,7 @@ async fn a_forwarded_request_is_not_forwarded_again() {
 /// simulation's and `cache::tests::release`'s.)
 #[tokio::test]
 async fn a_dead_owner_holds_its_slots_until_released_by_force() {
-    let (store, ring) = shared();
-    let a = member("a", &store, &ring).await;
-    let mut b = member("b", &store, &ring).await;
-    add(&ring, "a", &a, 100).await;
-    add(&ring, "b", &b, 100).await;
+    let (ring, a, mut b) = two_nodes("a", "b").await;
     let users: Vec<u64> = (1..=50).collect();
     for &user in &users {
         b.client.ack(ack(user, 7)).await.unwrap();
@@ -261,11 +263,7 @@ pub async fn epoch_of(app: &mut TestApp) -> u64 {
 /// node from any node, once each, answers merged in request order.
 #[tokio::test]
 async fn messages_reach_users_on_every_node() {
-    let (store, ring) = shared();
-    let mut a = member("a", &store, &ring).await;
-    let mut b = member("b", &store, &ring).await;
-    add(&ring, "a", &a, 100).await;
-    add(&ring, "b", &b, 100).await;
+    let (ring, mut a, mut b) = two_nodes("a", "b").await;
     let record = ring.load().await.unwrap();
     let users: Vec<u64> = (1..=40).rev().collect();
     let on_a = users
@@ -398,13 +396,9 @@ async fn a_watch_stream_follows_users_on_every_node() {
 /// to its owner: after a move it reads the new table and goes on.
 #[tokio::test]
 async fn the_routing_client_sends_each_request_to_its_owner() {
-    let (store, ring) = shared();
     // Node ids of its own: the metrics below are per node id, and other
     // tests run nodes in this process too.
-    let a = member("route-a", &store, &ring).await;
-    let b = member("route-b", &store, &ring).await;
-    add(&ring, "route-a", &a, 100).await;
-    add(&ring, "route-b", &b, 100).await;
+    let (ring, a, b) = two_nodes("route-a", "route-b").await;
     let fleet = FleetClient::connect(&b.addr.to_string()).await.unwrap();
     assert_eq!(fleet.ring().as_ref(), &ring.load().await.unwrap().ring);
     for user in 1..=20 {
@@ -786,11 +780,7 @@ async fn a_watcher_that_subscribes_again_after_each_move_misses_no_change() {
 /// also while their slots move: every item answered OK stays applied.
 #[tokio::test]
 async fn an_apply_stream_reaches_users_on_every_node_while_slots_move() {
-    let (store, ring) = shared();
-    let a = member("a", &store, &ring).await;
-    let mut b = member("b", &store, &ring).await;
-    add(&ring, "a", &a, 100).await;
-    add(&ring, "b", &b, 100).await;
+    let (ring, a, mut b) = two_nodes("a", "b").await;
     let users: Vec<u64> = (1..=40).collect();
     let record = ring.load().await.unwrap();
     let on_b = users

@@ -244,3 +244,15 @@ pub async fn garbage_stream(app: &TestApp, path: &'static str) -> tonic::Status 
         .expect("ends")
         .expect_err("an error status")
 }
+
+/// A connection to `app` whose streams have a 64 KiB receive window
+/// (hyper's default is 2 MiB), so that a client that stops reading holds
+/// the server back soon.
+pub async fn small_window_channel(app: &TestApp) -> Channel {
+    Channel::from_shared(format!("http://{}", app.addr))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .connect()
+        .await
+        .unwrap()
+}

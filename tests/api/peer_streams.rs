@@ -24,7 +24,9 @@ use readstates_routing::client::FleetClient;
 use std::time::Duration;
 
 use crate::apply::Applier;
-use crate::fleet::{add, adopted, first_read_state, member, reweigh, set_weight, shared};
+use crate::fleet::{
+    add, adopted, first_read_state, member, reweigh, set_weight, shared, two_nodes,
+};
 use crate::helpers::{spawn_app, spawn_member, test_config};
 
 fn ack(user_id: u64, message_id: u64) -> AckRequest {
@@ -45,13 +47,9 @@ fn count(text: &str, method: &str, node: &str) -> f64 {
 
 #[tokio::test]
 async fn requests_sent_on_go_over_one_apply_stream_per_peer() {
-    let (store, ring) = shared();
     // Node ids of their own: the metrics are per node id, and other tests
     // run nodes in this process too.
-    let mut a = member("streams-a", &store, &ring).await;
-    let b = member("streams-b", &store, &ring).await;
-    add(&ring, "streams-a", &a, 100).await;
-    add(&ring, "streams-b", &b, 100).await;
+    let (ring, mut a, b) = two_nodes("streams-a", "streams-b").await;
     let record = ring.load().await.unwrap();
     let on_b: Vec<u64> = (1..)
         .filter(|&u| record.ring.owner_of(u).unwrap().id == "streams-b")
@@ -133,11 +131,7 @@ async fn requests_sent_on_go_over_one_apply_stream_per_peer() {
 /// again until it is: every change answered OK stays applied.
 #[tokio::test]
 async fn the_routing_client_applies_changes_at_their_owners_while_slots_move() {
-    let (store, ring) = shared();
-    let mut a = member("apply-a", &store, &ring).await;
-    let b = member("apply-b", &store, &ring).await;
-    add(&ring, "apply-a", &a, 100).await;
-    add(&ring, "apply-b", &b, 100).await;
+    let (ring, mut a, b) = two_nodes("apply-a", "apply-b").await;
     let fleet = FleetClient::connect(&a.addr.to_string()).await.unwrap();
     let apply = |fleet: FleetClient, user: u64, message_id: u64| async move {
         let answer = fleet

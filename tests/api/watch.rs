@@ -15,8 +15,8 @@ use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 use crate::helpers::{
-    TestApp, garbage_stream, spawn_app, spawn_app_on, spawn_app_with, spawn_process, terminate,
-    test_config,
+    TestApp, garbage_stream, small_window_channel, spawn_app, spawn_app_on, spawn_app_with,
+    spawn_process, terminate, test_config,
 };
 use crate::raw_h2;
 
@@ -37,12 +37,7 @@ impl Watcher {
     /// hyper's 5 MiB: h2 allows half of it in buffered small DATA frames
     /// (one event each here) before it gives up on the connection.
     pub async fn open_small_window(app: &TestApp) -> Watcher {
-        let channel = Channel::from_shared(format!("http://{}", app.addr))
-            .unwrap()
-            .initial_stream_window_size(65_535)
-            .connect()
-            .await
-            .unwrap();
+        let channel = small_window_channel(app).await;
         Watcher::open_on(channel).await
     }
 
