@@ -71,6 +71,31 @@ pub async fn set_weight(ring: &MemoryRingStore, id: &str, weight: u32) -> u64 {
     served(ring, record.ring.epoch()).await
 }
 
+/// Node `b` of the fleet, taking half the slots from `x`, a stand-in that
+/// speaks HTTP/2 but is no node (it is reported serving each epoch): `b`
+/// and the record of the epoch it has adopted.
+pub async fn beside_a_stand_in(
+    x: Node,
+    store: &Arc<MemoryStore>,
+    ring: &Arc<MemoryRingStore>,
+) -> (TestApp, RingRecord) {
+    let record = admin::change(&**ring, RingChange::Add(x)).await.unwrap();
+    ring.report("x", record.ring.epoch()).await.unwrap();
+    let mut b = member("b", store, ring).await;
+    let joined = Node {
+        id: "b".into(),
+        address: b.addr.to_string(),
+        weight: 0,
+    };
+    let record = admin::change(&**ring, RingChange::Add(joined))
+        .await
+        .unwrap();
+    ring.report("x", record.ring.epoch()).await.unwrap();
+    let record = reweigh(ring, "b", 100).await;
+    adopted(&mut b, record.ring.epoch()).await;
+    (b, record)
+}
+
 /// Gives node `id` weight `weight`: the new record, its slots not served yet.
 pub async fn reweigh(ring: &MemoryRingStore, id: &str, weight: u32) -> RingRecord {
     let change = RingChange::SetWeight {
@@ -618,20 +643,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
             });
         }
     });
-    let mut b = member("b", &store, &ring).await;
-    let record = admin::change(&*ring, RingChange::Add(x)).await.unwrap();
-    ring.report("x", record.ring.epoch()).await.unwrap();
-    let joined = Node {
-        id: "b".into(),
-        address: b.addr.to_string(),
-        weight: 0,
-    };
-    let record = admin::change(&*ring, RingChange::Add(joined))
-        .await
-        .unwrap();
-    ring.report("x", record.ring.epoch()).await.unwrap();
-    let record = reweigh(&ring, "b", 100).await;
-    adopted(&mut b, record.ring.epoch()).await;
+    let (mut b, record) = beside_a_stand_in(x, &store, &ring).await;
     let user = (1..)
         .find(|&u| record.ring.owner_of(u).unwrap().id == "b")
         .unwrap();

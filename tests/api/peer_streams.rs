@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
-use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::ring_store::RingStore;
 use readstates::metrics::scrape;
 use readstates::proto::{
@@ -25,7 +24,7 @@ use std::time::Duration;
 
 use crate::apply::Applier;
 use crate::fleet::{
-    add, adopted, first_read_state, member, reweigh, set_weight, shared, two_nodes,
+    add, beside_a_stand_in, first_read_state, member, set_weight, shared, two_nodes,
 };
 use crate::helpers::{spawn_app, spawn_member, test_config};
 
@@ -219,20 +218,7 @@ async fn a_peer_without_apply_is_sent_unary_calls() {
         address: old.address.clone(),
         weight: 100,
     };
-    let record = admin::change(&*ring, RingChange::Add(x)).await.unwrap();
-    ring.report("x", record.ring.epoch()).await.unwrap();
-    let mut b = member("b", &store, &ring).await;
-    let joined = Node {
-        id: "b".into(),
-        address: b.addr.to_string(),
-        weight: 0,
-    };
-    let record = admin::change(&*ring, RingChange::Add(joined))
-        .await
-        .unwrap();
-    ring.report("x", record.ring.epoch()).await.unwrap();
-    let record = reweigh(&ring, "b", 100).await;
-    adopted(&mut b, record.ring.epoch()).await;
+    let (mut b, record) = beside_a_stand_in(x, &store, &ring).await;
     let on_x: Vec<u64> = (1..)
         .filter(|&u| record.ring.owner_of(u).unwrap().id == "x")
         .take(3)
