@@ -159,8 +159,8 @@ impl Stream {
         let refusal = match tokio::time::timeout(OPEN_TIMEOUT, opening).await {
             Ok(Ok(results)) => {
                 self.state.store(OPEN, Ordering::Release);
-                let ended = self.serve(batches, results.into_inner()).await;
-                return self.end(ENDED, ended);
+                self.serve(batches, results.into_inner()).await;
+                return self.end(ENDED, not_sent());
             }
             Ok(Err(status))
                 if matches!(status.code(), Code::Unimplemented | Code::ResourceExhausted) =>
@@ -176,13 +176,13 @@ impl Stream {
         self.end(NOT_OPENED, refusal);
     }
 
-    /// Sends what is queued and hands out results until the stream ends;
-    /// what the changes still queued are answered with.
+    /// Sends what is queued and hands out results until the stream ends,
+    /// then answers what was taken and not answered.
     async fn serve(
         &mut self,
         batches: mpsc::Sender<ApplyRequest>,
         mut results: tonic::Streaming<ApplyResponse>,
-    ) -> Status {
+    ) {
         let mut waiting: HashMap<u64, Answer> = HashMap::new();
         let mut next_id = 0u64;
         let (queued, batch) = (&mut self.queued, self.batch);
@@ -193,7 +193,7 @@ impl Stream {
         let mut batches = Some(batches);
         let ended = loop {
             if batches.is_none() && waiting.is_empty() {
-                return not_sent();
+                return;
             }
             tokio::select! {
                 result = results.message() => match result {
@@ -249,7 +249,6 @@ impl Stream {
         for queued in taken {
             let _ = queued.answer.send(Err(not_sent()));
         }
-        not_sent()
     }
 
     /// Ends the stream in `state`: every change not sent is answered with
@@ -346,7 +345,7 @@ fn outcome(outcome: Option<Outcome>) -> Result<Outcome, Status> {
 }
 
 /// An item's error as the unary call's status, with its trailers.
-pub fn status(error: ApplyError) -> Status {
+fn status(error: ApplyError) -> Status {
     let mut metadata = MetadataMap::new();
     if let Ok(owner) = MetadataValue::try_from(error.owner.as_str())
         && !error.owner.is_empty()
