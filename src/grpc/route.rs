@@ -16,7 +16,7 @@ use std::time::Duration;
 use readstates_routing::slot_of;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use super::forward::Forward;
 use crate::cluster::member::Member;
@@ -208,7 +208,13 @@ impl Router {
             let fallback = (!applier.is_open()).then(|| request.clone());
             request = match request.item() {
                 Ok(change) => match (applier.apply(change, budget).await, fallback) {
-                    (Err(_), Some(request)) if applier.failed_to_open() => {
+                    (Err(status), Some(request))
+                        if applier.failed_to_open()
+                            && matches!(
+                                status.code(),
+                                Code::Unimplemented | Code::ResourceExhausted
+                            ) =>
+                    {
                         self.peers.lacks_apply(&node.address);
                         request
                     }

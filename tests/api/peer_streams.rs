@@ -233,6 +233,39 @@ async fn a_peer_without_apply_is_sent_unary_calls() {
     b.stop().await;
 }
 
+/// Found in rereading: a stream to a peer that could not be opened for
+/// any reason (here the peer answered UNAVAILABLE) made the node take it
+/// for a peer without Apply, send the request as a call, and send it calls
+/// for a minute. Only a refusal of the stream itself (UNIMPLEMENTED, or
+/// RESOURCE_EXHAUSTED) does; the request is otherwise not applied
+/// (UNAVAILABLE), and the next one opens a stream again.
+#[tokio::test]
+async fn a_peer_busy_when_its_stream_opens_is_not_sent_calls_instead() {
+    let (store, ring) = shared();
+    let x = OldNode::start_busy_first(true).await;
+    let stand_in = Node {
+        id: "x".into(),
+        address: x.address.clone(),
+        weight: 100,
+    };
+    let (mut b, record) = beside_a_stand_in(stand_in, &store, &ring).await;
+    let user = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "x")
+        .unwrap();
+    let refused = b.client.ack(ack(user, 5)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    let answer = b.client.ack(ack(user, 6)).await.unwrap().into_inner();
+    assert_eq!(answer.version, OldNode::VERSION);
+    let calls = x.calls();
+    assert_eq!(
+        calls.get("Apply"),
+        Some(&2),
+        "a stream tried again: {calls:?}"
+    );
+    assert_eq!(calls.get("Ack"), Some(&1), "{calls:?}");
+    b.stop().await;
+}
+
 /// A stand-in for a node of an older build: HTTP/2 that answers `Ack`
 /// with a fixed response and every other method UNIMPLEMENTED, and counts
 /// the calls by method.
@@ -245,6 +278,12 @@ impl OldNode {
     const VERSION: u64 = 4242;
 
     async fn start() -> OldNode {
+        OldNode::start_busy_first(false).await
+    }
+
+    /// With `busy_first`, its first Apply call is answered UNAVAILABLE (as
+    /// a node busy or shutting down may), the later ones UNIMPLEMENTED.
+    async fn start_busy_first(busy_first: bool) -> OldNode {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let calls = Arc::new(Mutex::new(HashMap::new()));
@@ -258,12 +297,14 @@ impl OldNode {
                     };
                     while let Some(Ok((request, respond))) = connection.accept().await {
                         let method = request.uri().path().rsplit('/').next().unwrap_or_default();
-                        *counted
-                            .lock()
-                            .unwrap()
-                            .entry(method.to_owned())
-                            .or_default() += 1;
-                        answer(method, respond);
+                        let seen = {
+                            let mut counted = counted.lock().unwrap();
+                            let seen = counted.entry(method.to_owned()).or_default();
+                            *seen += 1;
+                            *seen
+                        };
+                        let busy = busy_first && method == "Apply" && seen == 1;
+                        answer(method, respond, busy);
                     }
                 });
             }
@@ -276,7 +317,8 @@ impl OldNode {
     }
 }
 
-fn answer(method: &str, mut respond: h2::server::SendResponse<Bytes>) {
+/// Answers `method` as an older build does (`busy`: UNAVAILABLE).
+fn answer(method: &str, mut respond: h2::server::SendResponse<Bytes>, busy: bool) {
     let head = |status: Option<&str>| {
         let mut response = http::Response::builder()
             .status(200)
@@ -286,6 +328,10 @@ fn answer(method: &str, mut respond: h2::server::SendResponse<Bytes>) {
         }
         response.body(()).unwrap()
     };
+    if busy {
+        let _ = respond.send_response(head(Some("14")), true);
+        return;
+    }
     if method != "Ack" {
         let _ = respond.send_response(head(Some("12")), true);
         return;
