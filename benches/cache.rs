@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use readstates::cache::{Cache, CacheConfig};
+use readstates::channel_state::NoChannels;
 use readstates::read_state::{Key, ReadState};
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, UserWrite};
@@ -77,7 +78,12 @@ fn cached_operations(c: &mut Criterion) {
             let (cache, user_id) = (cache.clone(), user());
             async move {
                 let n = cache
-                    .read(user_id, |u| (u.delta(0).read_states.len(), u.counts()))
+                    .read(user_id, |u| {
+                        (
+                            u.delta(0, &NoChannels).read_states.len(),
+                            u.counts(&NoChannels),
+                        )
+                    })
                     .await
                     .unwrap();
                 black_box(n)

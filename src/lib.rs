@@ -5,7 +5,8 @@
 //! - [`config`], [`telemetry`], [`shutdown`]: process plumbing.
 //! - [`app`]: wires the parts together and runs them; `main.rs` only calls it
 //!   ([`ring_command`] for `readstates ring`).
-//! - [`read_state`]: the domain, its rules and per-user versions.
+//! - [`read_state`]: the domain, its rules and per-user versions;
+//!   [`channel_state`]: a channel counted by channel (`docs/counting.md`).
 //! - [`cache`]: sharded LRU of users, loading on miss; only the users of
 //!   slots this node serves ([`ownership`]).
 //! - [`write_behind`]: writes changed users to the store after a delay.
@@ -32,6 +33,7 @@
 
 pub mod app;
 pub mod cache;
+pub mod channel_state;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -15,6 +15,8 @@
 use std::ops::DerefMut;
 use std::time::Duration;
 
+use crate::channel_state::Channels;
+
 /// What a read state tracks. `Channel` is almost everything; the others are
 /// non-message badges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -349,13 +351,13 @@ impl<E: Entries> UserReadStates<E> {
     }
 
     /// See [`UserView::counts`].
-    pub fn counts(&self) -> Counts {
-        self.view().counts()
+    pub fn counts(&self, channels: &impl Channels) -> Counts {
+        self.view().counts(channels)
     }
 
     /// See [`UserView::delta`].
-    pub fn delta(&self, since: u64) -> Delta<'_> {
-        self.view().delta(since)
+    pub fn delta(&self, since: u64, channels: &impl Channels) -> Delta<'_> {
+        self.view().delta(since, channels)
     }
 
     /// A normal ack: moves `last_acked_id` forward to `message_id` and resets
@@ -411,29 +413,30 @@ impl<E: Entries> UserReadStates<E> {
     }
 
     /// Marks every live read state (of `kinds`; all if empty) read up to its
-    /// watermark: "mark all read", one change. Returns how many changed.
-    pub fn ack_all(&mut self, kinds: &[Kind], now_us: u64) -> u32 {
-        let unread = |e: &ReadState| {
-            !e.deleted
-                && (kinds.is_empty() || kinds.contains(&e.kind))
-                && (e.last_message_id > e.last_acked_id
-                    || e.mention_count > 0
-                    || e.unread_count > 0)
+    /// watermark, or in a channel counted by channel up to the channel's
+    /// newest message: "mark all read", one change. Returns how many changed.
+    pub fn ack_all(&mut self, kinds: &[Kind], now_us: u64, channels: &impl Channels) -> u32 {
+        let read_up_to = |e: &ReadState| {
+            let newest = channels.of(e).map_or(0, |c| c.last_message_id());
+            e.counted_up_to().max(newest)
         };
-        let keys: Vec<Key> = self
+        let acks: Vec<(Key, u64)> = self
             .entries
             .iter()
-            .filter(|e| unread(e))
-            .map(ReadState::key)
+            .filter(|e| !e.deleted && (kinds.is_empty() || kinds.contains(&e.kind)))
+            .filter(|e| {
+                read_up_to(e) > e.last_acked_id || e.mention_count > 0 || e.unread_count > 0
+            })
+            .map(|e| (e.key(), read_up_to(e)))
             .collect();
-        if keys.is_empty() {
+        if acks.is_empty() {
             return 0;
         }
         let version = self.next_version(now_us);
-        for &key in &keys {
-            self.change(key, version, |e| e.read_up_to(e.counted_up_to()));
+        for &(key, message_id) in &acks {
+            self.change(key, version, |e| e.read_up_to(message_id));
         }
-        keys.len() as u32
+        acks.len() as u32
     }
 
     /// A new message in `key`'s channel: the unread count (and the mention
@@ -489,6 +492,47 @@ impl<E: Entries> UserReadStates<E> {
             if mentioned {
                 e.mention_count = e.mention_count.saturating_sub(1);
             }
+        });
+        true
+    }
+
+    /// A mention in a channel counted by channel, whose unread count the
+    /// channel keeps: the mention count rises past the watermark, as in
+    /// [`Self::message_created`]. A read state created by it is acked just
+    /// below the message, so a member counts from their first mention and
+    /// not from the channel's start. Returns whether it changed.
+    pub fn mentioned(&mut self, key: Key, message_id: u64, now_us: u64) -> bool {
+        let position = self.position(key);
+        let existing = self.live_at(position).copied();
+        if message_id <= existing.map_or(0, |e| e.counted_up_to()) {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        self.change_at(position, key, version, |e| {
+            if existing.is_none() {
+                e.last_acked_id = message_id - 1;
+            }
+            e.last_message_id = message_id;
+            e.mention_count = e.mention_count.saturating_add(1);
+        });
+        true
+    }
+
+    /// A deleted mention in a channel counted by channel (the channel
+    /// uncounts the message itself): the mention count drops by one if this
+    /// read state counted it, as in [`Self::message_deleted`].
+    pub fn mention_deleted(&mut self, key: Key, message_id: u64, now_us: u64) -> bool {
+        let position = self.position(key);
+        let Some(state) = self.live_at(position) else {
+            return false;
+        };
+        let counted = state.last_acked_id < message_id && message_id <= state.last_message_id;
+        if !(counted && state.mention_count > 0) {
+            return false;
+        }
+        let version = self.next_version(now_us);
+        self.change_at(position, key, version, |e| {
+            e.mention_count -= 1;
         });
         true
     }
@@ -735,18 +779,29 @@ impl<'a> UserView<'a> {
         self.entries.iter().filter(|e| !e.deleted)
     }
 
-    pub fn counts(self) -> Counts {
+    /// The badge numbers, with the unread counts of channels counted by
+    /// channel counted now.
+    pub fn counts(self, channels: &impl Channels) -> Counts {
         self.live().fold(Counts::default(), |mut counts, e| {
+            let unread = match channels.of(e) {
+                Some(channel) => ReadState {
+                    unread_count: channel.unread(e).count,
+                    ..*e
+                }
+                .is_unread(),
+                None => e.is_unread(),
+            };
             counts.total_mention_count += u64::from(e.mention_count);
-            counts.unread_channel_count += u32::from(e.is_unread());
+            counts.unread_channel_count += u32::from(unread);
             counts
         })
     }
 
     /// What changed after `since`, or the full set when `since` is 0 or no
     /// exact delta can be given (tombstones dropped, a wipe, a version from
-    /// the future).
-    pub fn delta(self, since: u64) -> Delta<'a> {
+    /// the future). A read state counted by channel changes count without a
+    /// change of version, so a partial delta carries all of them.
+    pub fn delta(self, since: u64, channels: &impl Channels) -> Delta<'a> {
         let Header {
             version,
             delta_floor,
@@ -759,7 +814,8 @@ impl<'a> UserView<'a> {
                 deleted: Vec::new(),
             };
         }
-        let changed = self.entries.iter().filter(|e| e.version > since);
+        let changed = (self.entries.iter())
+            .filter(|e| e.version > since || (!e.deleted && channels.of(e).is_some()));
         let (deleted, live): (Vec<&ReadState>, Vec<&ReadState>) = changed.partition(|e| e.deleted);
         Delta {
             partial: true,

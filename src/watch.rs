@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::read_state::{Counts, Key, ReadState, UserView};
 
@@ -38,14 +39,14 @@ impl Change {
     /// GetReadStates answers it.
     pub fn since<'a>(user_id: u64, user: impl Into<UserView<'a>>, since: u64) -> Change {
         let user = user.into();
-        let delta = user.delta(since);
+        let delta = user.delta(since, &NoChannels);
         Change {
             user_id,
             version: user.version(),
             partial: delta.partial,
             read_states: delta.read_states.into_iter().copied().collect(),
             deleted: delta.deleted,
-            counts: user.counts(),
+            counts: user.counts(&NoChannels),
         }
     }
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{AckAllRequest, AckAllResponse};
 use crate::read_state::Kind;
@@ -20,7 +21,7 @@ pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllR
         .collect::<Result<Vec<Kind>, Error>>()?;
     cache
         .update(user_id, |user, now_us| {
-            let updated = user.ack_all(&kinds, now_us);
+            let updated = user.ack_all(&kinds, now_us, &NoChannels);
             AckAllResponse {
                 version: user.version(),
                 updated,

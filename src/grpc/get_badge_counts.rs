@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{BadgeCount, GetBadgeCountsRequest, GetBadgeCountsResponse};
 
@@ -20,7 +21,7 @@ pub async fn handle(
     )?;
     validate::ids("user_ids", &request.user_ids)?;
     let counts = cache
-        .read_many(&request.user_ids, |user| user.counts())
+        .read_many(&request.user_ids, |user| user.counts(&NoChannels))
         .await?;
     Ok(GetBadgeCountsResponse {
         counts: request

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{GetReadStatesRequest, GetReadStatesResponse};
 
@@ -24,8 +25,8 @@ pub async fn handle(
         |channel_id: u64| channels.is_empty() || channels.binary_search(&channel_id).is_ok();
     cache
         .read(user_id, |user| {
-            let delta = user.delta(request.since_version);
-            let counts = user.counts();
+            let delta = user.delta(request.since_version, &NoChannels);
+            let counts = user.counts(&NoChannels);
             GetReadStatesResponse {
                 version: user.version(),
                 partial: delta.partial,

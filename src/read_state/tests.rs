@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::channel_state::NoChannels;
 
 const C1: Key = Key {
     kind: Kind::Channel,
@@ -143,7 +144,11 @@ fn ack_all_reads_every_read_state_up_to_its_watermark_as_one_change() {
     user.message_created(E1, 30, false, 0);
     user.ack(Key::channel(3), 5, 0);
     let before = user.version();
-    assert_eq!(user.ack_all(&[Kind::Channel], 0), 2, "only unread channels");
+    assert_eq!(
+        user.ack_all(&[Kind::Channel], 0, &NoChannels),
+        2,
+        "only unread channels"
+    );
     assert_eq!(user.version(), before + 1, "one version");
     for (key, read_to) in [(C1, 10), (C2, 20)] {
         let state = user.get(key).unwrap();
@@ -157,9 +162,13 @@ fn ack_all_reads_every_read_state_up_to_its_watermark_as_one_change() {
         1,
         "other kinds untouched"
     );
-    assert_eq!(user.ack_all(&[Kind::Channel], 0), 0, "nothing left unread");
-    assert_eq!(user.ack_all(&[], 0), 1, "empty: every kind");
-    assert_eq!(user.counts(), Counts::default());
+    assert_eq!(
+        user.ack_all(&[Kind::Channel], 0, &NoChannels),
+        0,
+        "nothing left unread"
+    );
+    assert_eq!(user.ack_all(&[], 0, &NoChannels), 1, "empty: every kind");
+    assert_eq!(user.counts(&NoChannels), Counts::default());
 }
 
 #[test]
@@ -190,10 +199,10 @@ fn a_muted_read_state_counts_mentions_but_is_not_an_unread_channel() {
     assert!(user.set_muted(C1, true, 0), "muting creates the read state");
     assert!(!user.set_muted(C1, true, 0));
     user.message_created(C1, 10, false, 0);
-    assert_eq!(user.counts().unread_channel_count, 0);
+    assert_eq!(user.counts(&NoChannels).unread_channel_count, 0);
     user.message_created(C1, 11, true, 0);
     assert_eq!(
-        user.counts(),
+        user.counts(&NoChannels),
         Counts {
             total_mention_count: 1,
             unread_channel_count: 1
@@ -223,7 +232,7 @@ fn counts_cover_live_read_states() {
     user.message_created(C2, 10, false, 0);
     user.ack(E1, 10, 0);
     assert_eq!(
-        user.counts(),
+        user.counts(&NoChannels),
         Counts {
             total_mention_count: 2,
             unread_channel_count: 2
@@ -231,7 +240,7 @@ fn counts_cover_live_read_states() {
     );
     user.delete(&[C1], 0);
     assert_eq!(
-        user.counts(),
+        user.counts(&NoChannels),
         Counts {
             total_mention_count: 0,
             unread_channel_count: 1
@@ -251,7 +260,7 @@ fn delete_leaves_a_tombstone_that_deltas_report() {
         "only existing ones count"
     );
     assert_eq!(user.get(C1), None);
-    let delta = user.delta(since);
+    let delta = user.delta(since, &NoChannels);
     assert!(delta.partial);
     assert_eq!(delta.deleted, vec![C1]);
     assert!(delta.read_states.is_empty());
@@ -272,7 +281,7 @@ fn delete_all_wipes_and_forces_a_full_resync() {
     assert_eq!(user.delete_all(0), 2);
     assert!(user.is_empty());
     assert_eq!(user.pending_clear(), Some(user.version()));
-    let delta = user.delta(since);
+    let delta = user.delta(since, &NoChannels);
     assert!(!delta.partial, "older clients must drop what they hold");
     assert!(delta.read_states.is_empty());
     assert_eq!(UserReadStates::default().delete_all(0), 0);
@@ -282,12 +291,12 @@ fn delete_all_wipes_and_forces_a_full_resync() {
 fn delta_is_full_for_zero_and_for_unknown_versions() {
     let mut user = UserReadStates::default();
     user.ack(C1, 10, 0);
-    assert!(!user.delta(0).partial);
+    assert!(!user.delta(0, &NoChannels).partial);
     assert!(
-        !user.delta(user.version() + 1).partial,
+        !user.delta(user.version() + 1, &NoChannels).partial,
         "a version from the future"
     );
-    let current = user.delta(user.version());
+    let current = user.delta(user.version(), &NoChannels);
     assert!(current.partial && current.read_states.is_empty());
 }
 
@@ -348,7 +357,7 @@ fn only_written_tombstones_are_pruned_and_the_floor_rises() {
     assert_eq!(user.prune_tombstones(0), 10);
     assert_eq!(user.len(), MAX_TOMBSTONES_PER_USER);
     assert!(
-        !user.delta(1).partial,
+        !user.delta(1, &NoChannels).partial,
         "a delta from before the pruned ones is full"
     );
 
@@ -518,7 +527,7 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
             user.message_deleted(k, id, mentioned, now_us);
         }
         Op::AckAll(ref kinds) => {
-            user.ack_all(kinds, now_us);
+            user.ack_all(kinds, now_us, &NoChannels);
         }
         Op::Mute(k, muted) => {
             user.set_muted(k, muted, now_us);
@@ -557,7 +566,7 @@ proptest! {
             let changed = apply_model(&mut model, op);
             apply_real(&mut user, op, *now_us);
             prop_assert_eq!(as_model(&user), model.clone(), "after {:?}", op);
-            prop_assert_eq!(user.counts(), model_counts(&model));
+            prop_assert_eq!(user.counts(&NoChannels), model_counts(&model));
             if changed {
                 prop_assert!(user.version() > version, "a change raises the version");
             } else if !matches!(op, Op::Manual(..) | Op::DeleteAll) {
@@ -573,7 +582,7 @@ proptest! {
         // A delta from the checkpoint, applied to what the client held then,
         // gives what the user holds now.
         if let Some((since, mut held)) = saved.filter(|(v, _)| *v > 0) {
-            let delta = user.delta(since);
+            let delta = user.delta(since, &NoChannels);
             if !delta.partial {
                 held.clear();
             }

@@ -1,5 +1,6 @@
 //! The Cassandra store on its own.
 
+use readstates::channel_state::NoChannels;
 use readstates::read_state::{Key, ReadState, TOMBSTONE_RETENTION, UserReadStates};
 use readstates::store::cassandra;
 use readstates::store::{Store, UserWrite, conformance};
@@ -120,7 +121,7 @@ async fn a_wipe_cut_after_its_first_batch_keeps_the_version_and_floor() {
     );
     let after = loaded.into_user(now + 30);
     assert!(
-        !after.delta(now).partial,
+        !after.delta(now, &NoChannels).partial,
         "a delta from before the wipe is the full set"
     );
 }
