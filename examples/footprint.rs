@@ -13,14 +13,20 @@
 //! holding COUNT lowered users (its memory bound is a count of them): 10
 //! users for each deleted message.
 //!
+//! With `channel-states` it measures COUNT channels counted by channel, each
+//! with its recent messages full.
+//!
 //! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive|grown]
 //! cargo run --release --example footprint -- [COUNT] deletions
+//! cargo run --release --example footprint -- [COUNT] channel-states
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use readstates::cache::{Cache, CacheConfig};
+use readstates::channel_state::{ChannelState, RECENT_MESSAGES};
 use readstates::read_state::{Key, Kind, ReadState};
 use readstates::recent_deletions::{Deletion, RecentDeletions};
 use readstates::store::{Store, StoreError, StoredUser, UserWrite};
@@ -53,6 +59,12 @@ impl Store for MadeUpStore {
         })
     }
     async fn write(&self, _: &UserWrite) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        Ok(Vec::new())
+    }
+    async fn write_channel(&self, _: &ChannelState) -> Result<(), StoreError> {
         Ok(())
     }
 }
@@ -137,6 +149,23 @@ fn deletions(count: u64) -> usize {
     held
 }
 
+/// `count` channels counted by channel, each with its recent messages full,
+/// held as a node holds them.
+fn channel_states(count: u64) -> usize {
+    let mut channels = HashMap::new();
+    for channel_id in 1..=count {
+        let channel_id = channel_id << 22;
+        let mut channel = ChannelState::switched(channel_id, channel_id, 1);
+        for message in 1..=RECENT_MESSAGES as u64 + 1 {
+            channel.message_created(channel_id + (message << 8), 1);
+        }
+        channels.insert(channel_id, channel);
+    }
+    let held = channels.len();
+    std::mem::forget(channels); // measured, not freed
+    held
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -147,6 +176,18 @@ async fn main() {
         let grown = resident_bytes().saturating_sub(before);
         println!(
             "deletion dedup memory: {held} lowered users, resident +{:.1} MiB, {:.1} bytes each",
+            grown as f64 / (1 << 20) as f64,
+            grown as f64 / held as f64
+        );
+        return;
+    }
+    if args.iter().any(|a| a == "channel-states") {
+        let before = resident_bytes();
+        let held = channel_states(users);
+        let grown = resident_bytes().saturating_sub(before);
+        println!(
+            "channels counted by channel: {held} with {RECENT_MESSAGES} recent messages each, \
+             resident +{:.1} MiB, {:.0} bytes each (a member's read state is unchanged)",
             grown as f64 / (1 << 20) as f64,
             grown as f64 / held as f64
         );

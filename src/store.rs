@@ -2,7 +2,8 @@
 //!
 //! The cache talks to a [`Store`] only in whole users: it loads a user's read
 //! states on a miss and writes a user's changed read states when write-behind
-//! writes_under_way them. Deletions travel in the same write (tombstones, or
+//! writes them. Channels counted by channel ([`ChannelState`]) are stored
+//! whole too, one row each, and loaded all at once: they are few. Deletions travel in the same write (tombstones, or
 //! `clear_below` for "delete all"), so a deletion can never overtake or be overtaken by an
 //! earlier change to the same user.
 //!
@@ -21,6 +22,7 @@ pub mod memory;
 
 use async_trait::async_trait;
 
+use crate::channel_state::ChannelState;
 use crate::read_state::{ReadState, TOMBSTONE_RETENTION, UserReadStates, UserView};
 
 /// A user as the store holds it.
@@ -107,6 +109,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// them concurrently), so a row is only replaced by a newer version of
     /// it, and a wipe also removes older rows that land after it.
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError>;
+
+    /// Every channel counted by channel. An error means they could not be
+    /// read, never that there are none.
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError>;
+
+    /// Writes one channel's state whole. Safe to retry; a write of an older
+    /// version never replaces a newer one.
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError>;
 }
 
 #[cfg(any(test, feature = "test-support"))]

@@ -416,6 +416,17 @@ mod release {
         async fn write(&self, write: &UserWrite) -> Result<(), crate::store::StoreError> {
             self.inner.write(write).await
         }
+        async fn load_channels(
+            &self,
+        ) -> Result<Vec<crate::channel_state::ChannelState>, crate::store::StoreError> {
+            self.inner.load_channels().await
+        }
+        async fn write_channel(
+            &self,
+            channel: &crate::channel_state::ChannelState,
+        ) -> Result<(), crate::store::StoreError> {
+            self.inner.write_channel(channel).await
+        }
     }
 
     #[tokio::test]

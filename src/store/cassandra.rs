@@ -1,6 +1,7 @@
 //! Cassandra or ScyllaDB, through the scylla driver: the production store.
 //!
-//! One partition per user (`schema/002_read_states.cql`, `004_*`). A load is one
+//! One partition per user (`schema/002_read_states.cql`, `004_*`); one row
+//! per channel counted by channel (`007_*`). A load is one
 //! partition read; a write is one single-partition unlogged batch (split in
 //! chunks for very large users, never across partitions), every statement
 //! prepared and idempotent, every row stamped `USING TIMESTAMP` with its
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
@@ -26,6 +28,7 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION, saturated_count};
 
 const NAME: &str = "cassandra";
@@ -61,6 +64,8 @@ pub struct CassandraStore {
     upsert: PreparedStatement,
     statics: PreparedStatement,
     wipe: PreparedStatement,
+    load_channels: PreparedStatement,
+    write_channel: PreparedStatement,
 }
 
 impl CassandraStore {
@@ -104,12 +109,24 @@ impl CassandraStore {
             "DELETE FROM {table} USING TIMESTAMP ? WHERE user_id = ?"
         ))
         .await?;
+        let channels = format!("{keyspace}.channel_states");
+        let load_channels = prepare(format!(
+            "SELECT channel_id, version, counted_from, dropped_up_to, recent, deleted FROM {channels}"
+        ))
+        .await?;
+        let write_channel = prepare(format!(
+            "INSERT INTO {channels} (channel_id, version, counted_from, dropped_up_to, recent, deleted) \
+             VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+        ))
+        .await?;
         Ok(CassandraStore {
             session,
             load,
             upsert,
             statics,
             wipe,
+            load_channels,
+            write_channel,
         })
     }
 }
@@ -224,7 +241,61 @@ impl Store for CassandraStore {
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
         self.write_batches(write, usize::MAX).await
     }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        let pager = (self.session)
+            .execute_iter(self.load_channels.clone(), ())
+            .await
+            .map_err(error)?;
+        let rows = pager.rows_stream::<ChannelRow>().map_err(error)?;
+        let rows: Vec<ChannelRow> = rows.try_collect().await.map_err(error)?;
+        let ids = |ids: Option<Vec<i64>>| ids.unwrap_or_default().into_iter().map(|id| id as u64);
+        Ok(rows
+            .into_iter()
+            .map(
+                |(channel_id, version, counted_from, dropped_up_to, recent, deleted)| {
+                    ChannelState::from_stored(
+                        channel_id as u64,
+                        counted_from.unwrap_or(0) as u64,
+                        dropped_up_to.unwrap_or(0) as u64,
+                        ids(recent).collect(),
+                        ids(deleted).collect(),
+                        version.unwrap_or(0) as u64,
+                    )
+                },
+            )
+            .collect())
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        let ids = |ids: &mut dyn Iterator<Item = u64>| ids.map(|id| id as i64).collect::<Vec<_>>();
+        let version = channel.version() as i64;
+        let values = (
+            channel.channel_id() as i64,
+            version,
+            channel.counted_from() as i64,
+            channel.dropped_up_to() as i64,
+            ids(&mut channel.recent()),
+            ids(&mut channel.deleted().iter().copied()),
+            version,
+        );
+        (self.session)
+            .execute_unpaged(&self.write_channel, values)
+            .await
+            .map_err(error)?;
+        Ok(())
+    }
 }
+
+/// channel_id, version, counted_from, dropped_up_to, recent, deleted.
+type ChannelRow = (
+    i64,
+    Option<i64>,
+    Option<i64>,
+    Option<i64>,
+    Option<Vec<i64>>,
+    Option<Vec<i64>>,
+);
 
 impl CassandraStore {
     /// Writes the first `limit` batches of `write` (all of them in

@@ -1,8 +1,10 @@
 //! The behaviour every store must have, as one check run against each: the
 //! in-process stores by the unit tests below, Cassandra by `tests/cassandra`.
-//! It writes users `first` and `first + 1`, which must not exist yet.
+//! It writes users `first` and `first + 1`, and channels of those ids, which
+//! must not exist yet.
 
 use super::{Store, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 use crate::read_state::{Kind, ReadState};
 
 /// A read state with every field set (a live one muted or not by kind), so
@@ -132,6 +134,61 @@ pub async fn check(store: &dyn Store, first: u64) {
         vec![],
         "a row from before a wipe stays wiped when it lands after it"
     );
+
+    check_channels(store, first).await;
+}
+
+/// A channel with every field set: recent ids that have dropped one, and a
+/// deleted one.
+fn channel(channel_id: u64, version: u64, messages: u64) -> ChannelState {
+    let mut channel = ChannelState::with_capacity(channel_id, 100, version, 3);
+    for id in 101..=100 + messages {
+        channel.message_created(id, version);
+    }
+    channel.message_deleted(100 + messages, version);
+    channel
+}
+
+async fn check_channels(store: &dyn Store, first: u64) {
+    let (one, two) = (first, first + 1);
+    let ours = |channels: Vec<ChannelState>| {
+        let mut ours: Vec<ChannelState> = (channels.into_iter())
+            .filter(|c| [one, two].contains(&c.channel_id()))
+            .collect();
+        ours.sort_by_key(ChannelState::channel_id);
+        ours
+    };
+    assert_eq!(
+        ours(store.load_channels().await.unwrap()),
+        vec![],
+        "none yet"
+    );
+
+    let first_state = channel(one, 5, 4);
+    assert_eq!(first_state.dropped_up_to(), 101);
+    store.write_channel(&first_state).await.unwrap();
+    store.write_channel(&channel(two, 5, 1)).await.unwrap();
+    let loaded = ours(store.load_channels().await.unwrap());
+    assert_eq!(loaded.len(), 2);
+    let field_by_field = |c: &ChannelState| {
+        let ids = (c.recent().collect::<Vec<_>>(), c.deleted().to_vec());
+        (
+            c.channel_id(),
+            c.version(),
+            c.counted_from(),
+            c.dropped_up_to(),
+            ids,
+        )
+    };
+    assert_eq!(field_by_field(&loaded[0]), field_by_field(&first_state));
+    assert_eq!(loaded[1].recent().collect::<Vec<_>>(), vec![101]);
+
+    // Writes may land out of order: an older state never replaces a newer one.
+    let newer = channel(one, 9, 6);
+    store.write_channel(&newer).await.unwrap();
+    store.write_channel(&channel(one, 7, 5)).await.unwrap();
+    let loaded = ours(store.load_channels().await.unwrap());
+    assert_eq!(field_by_field(&loaded[0]), field_by_field(&newer));
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! The default store: redb, an embedded, crash-safe B-tree database in one
 //! file under `--data-dir`, so that `readstates serve` needs nothing else.
 //!
-//! Three tables: `read_states` keyed by `(user_id, kind, channel_id)`, so a
+//! Four tables: `read_states` keyed by `(user_id, kind, channel_id)`, so a
 //! user's rows are one contiguous range, `users` holding each user's version
-//! and delta floor, and `wipes` holding its latest wipe. redb is synchronous;
+//! and delta floor, `wipes` holding its latest wipe, and `channel_states`
+//! (added later: a file without it gets it on open) holding the channels
+//! counted by channel. redb is synchronous;
 //! calls run on the blocking pool.
 
 use std::fs::OpenOptions;
@@ -15,6 +17,7 @@ use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, StorageBackend, TableDefinition};
 
 use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 use crate::read_state::{Kind, ReadState, saturated_count};
 
 type RowKey = (u64, u8, u64);
@@ -23,6 +26,8 @@ const READ_STATES: TableDefinition<RowKey, &[u8]> = TableDefinition::new("read_s
 const USERS: TableDefinition<u64, (u64, u64)> = TableDefinition::new("users");
 /// user_id -> the `clear_below` of its latest wipe, for rows landing after it.
 const WIPES: TableDefinition<u64, u64> = TableDefinition::new("wipes");
+/// channel_id -> the channel's state, see [`encode_channel`].
+const CHANNELS: TableDefinition<u64, &[u8]> = TableDefinition::new("channel_states");
 
 const FILE_NAME: &str = "readstates.redb";
 const NAME: &str = "embedded";
@@ -95,6 +100,7 @@ impl EmbeddedStore {
                 txn.open_table(READ_STATES)?;
                 txn.open_table(USERS)?;
                 txn.open_table(WIPES)?;
+                txn.open_table(CHANNELS)?;
                 txn.commit()?;
                 Ok(())
             })();
@@ -234,6 +240,40 @@ impl Store for EmbeddedStore {
         })
         .await
     }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        self.blocking(|db| {
+            let txn = db.begin_read()?;
+            let mut channels = Vec::new();
+            for row in txn.open_table(CHANNELS)?.iter()? {
+                let (key, value) = row?;
+                channels.push(decode_channel(key.value(), value.value())?);
+            }
+            Ok(channels)
+        })
+        .await
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        let channel = channel.clone();
+        self.blocking(move |db| {
+            let txn = db.begin_write()?;
+            {
+                let mut channels = txn.open_table(CHANNELS)?;
+                let id = channel.channel_id();
+                // Writes may land out of order: the newer state wins.
+                let newer = match channels.get(id)? {
+                    Some(old) => decode_channel(id, old.value())?.version() < channel.version(),
+                    None => true,
+                };
+                if newer {
+                    channels.insert(id, encode_channel(&channel).as_slice())?;
+                }
+            }
+            Ok(txn.commit()?)
+        })
+        .await
+    }
 }
 
 fn user_range(user_id: u64) -> std::ops::RangeInclusive<RowKey> {
@@ -284,6 +324,46 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Fail
         deleted: flags & DELETED != 0,
         muted: flags & MUTED != 0,
     })
+}
+
+/// A channel's value: version, counted_from, dropped_up_to, the number of
+/// recent ids, those ids, then the deleted ids to the end; little-endian u64s.
+fn encode_channel(channel: &ChannelState) -> Vec<u8> {
+    let head = [
+        channel.version(),
+        channel.counted_from(),
+        channel.dropped_up_to(),
+        channel.recent().len() as u64,
+    ];
+    (head.into_iter())
+        .chain(channel.recent())
+        .chain(channel.deleted().iter().copied())
+        .flat_map(u64::to_le_bytes)
+        .collect()
+}
+
+fn decode_channel(channel_id: u64, value: &[u8]) -> Result<ChannelState, Failure> {
+    let corrupt = || Failure::Corrupt(format!("corrupt state of channel {channel_id}"));
+    if !value.len().is_multiple_of(8) || value.len() < 32 {
+        return Err(corrupt());
+    }
+    let words: Vec<u64> = (value.chunks_exact(8))
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+        .collect();
+    let recent_len = usize::try_from(words[3]).map_err(|_| corrupt())?;
+    let ids = &words[4..];
+    if recent_len > ids.len() {
+        return Err(corrupt());
+    }
+    let (recent, deleted) = ids.split_at(recent_len);
+    Ok(ChannelState::from_stored(
+        channel_id,
+        words[1],
+        words[2],
+        recent.to_vec(),
+        deleted.to_vec(),
+        words[0],
+    ))
 }
 
 fn describe(failure: Failure) -> String {

@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use super::memory::MemoryStore;
 use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 
 /// Which calls a fault hits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,5 +252,16 @@ impl Store for FaultyStore {
             }
         }
         result
+    }
+
+    /// Channels share the plan of users, keyed by channel id.
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        self.decide(Operation::Load, 0).await?;
+        self.inner.load_channels().await
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        self.decide(Operation::Write, channel.channel_id()).await?;
+        self.inner.write_channel(channel).await
     }
 }

@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 use crate::metrics;
 
 #[derive(Debug)]
@@ -41,6 +42,22 @@ impl Store for Instrumented {
         if result.is_ok() {
             metrics::store_written(write.read_states.len());
         }
+        result
+    }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.load_channels().await;
+        let ok = result.is_ok();
+        metrics::store_operation(self.name(), "load_channels", started.elapsed(), ok);
+        result
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.write_channel(channel).await;
+        let ok = result.is_ok();
+        metrics::store_operation(self.name(), "write_channel", started.elapsed(), ok);
         result
     }
 }

@@ -7,11 +7,13 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
+use crate::channel_state::ChannelState;
 use crate::read_state::{Key, ReadState};
 
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     users: Mutex<HashMap<u64, MemoryUser>>,
+    channels: Mutex<HashMap<u64, ChannelState>>,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +75,28 @@ impl Store for MemoryStore {
         let (cleared, floor) = (user.cleared_below, user.delta_floor);
         user.rows
             .retain(|_, s| s.version >= cleared && !(s.deleted && s.version < floor));
+        Ok(())
+    }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        let channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(channels.values().cloned().collect())
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
+        let stored = channels.entry(channel.channel_id());
+        // Writes may land out of order: the newer state wins.
+        match stored {
+            std::collections::hash_map::Entry::Occupied(mut old) => {
+                if old.get().version() < channel.version() {
+                    old.insert(channel.clone());
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(new) => {
+                new.insert(channel.clone());
+            }
+        }
         Ok(())
     }
 }

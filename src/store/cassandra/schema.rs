@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 6] = [
+const MIGRATIONS: [(&str, &str); 7] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -28,6 +28,10 @@ const MIGRATIONS: [(&str, &str); 6] = [
     (
         "006_drained_weight.cql",
         include_str!("../../../schema/006_drained_weight.cql"),
+    ),
+    (
+        "007_channel_states.cql",
+        include_str!("../../../schema/007_channel_states.cql"),
     ),
 ];
 
@@ -121,7 +125,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 9);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
@@ -133,6 +137,7 @@ mod tests {
                 "ALTER TABLE ${keyspace}.ring_progress ADD IF NOT EXISTS drained_weight"
             )
         );
+        assert!(all[8].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.channel_states ("));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 

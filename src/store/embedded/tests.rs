@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use redb::BackendError;
 
 use super::*;
+use crate::channel_state::ChannelState;
 use crate::read_state::{Key, MAX_COUNT, UserReadStates};
 use crate::store::UserWrite;
 
@@ -186,4 +187,24 @@ async fn reads_a_file_written_before_the_watermark() {
     again.read_states.sort_by_key(ReadState::key);
     assert_eq!(again.read_states[0], newer);
     assert_eq!(again.read_states[2], user.read_states[2]);
+
+    // A file from before channels counted by channel has none, and takes them.
+    assert_eq!(store.load_channels().await.unwrap(), vec![]);
+    let mut channel = ChannelState::switched(7, 100, 1);
+    channel.message_created(101, 2);
+    store.write_channel(&channel).await.unwrap();
+    drop(store);
+    let reopened = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(reopened.load_channels().await.unwrap(), vec![channel]);
+}
+
+#[test]
+fn a_damaged_channel_row_is_an_error_not_a_panic() {
+    for damaged in [
+        vec![1u8; 7],
+        vec![0; 24],
+        [0u64, 0, 0, 9].map(u64::to_le_bytes).concat(),
+    ] {
+        assert!(decode_channel(7, &damaged).is_err(), "{damaged:?}");
+    }
 }
