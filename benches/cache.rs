@@ -53,6 +53,7 @@ fn filled(rt: &tokio::runtime::Runtime) -> Arc<Cache> {
                             10,
                             channel_id % 2 == 0,
                             now,
+                            &NoChannels,
                         );
                     }
                 })
@@ -114,7 +115,7 @@ fn cached_operations(c: &mut Criterion) {
             async move {
                 let changed = cache
                     .update_many(users, |i, u, now| {
-                        u.message_created(Key::channel(1), id, i % 10 == 0, now)
+                        u.message_created(Key::channel(1), id, i % 10 == 0, now, &NoChannels)
                     })
                     .await
                     .unwrap();
@@ -209,7 +210,13 @@ fn cold_operations(c: &mut Criterion) {
             async move {
                 let changed = cache
                     .update_many(&users, |i, u, now| {
-                        u.message_created(Key::channel(id % CHANNELS + 1), id, i == 0, now)
+                        u.message_created(
+                            Key::channel(id % CHANNELS + 1),
+                            id,
+                            i == 0,
+                            now,
+                            &NoChannels,
+                        )
                     })
                     .await
                     .unwrap();

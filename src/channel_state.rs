@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use crate::read_state::{Kind, MAX_COUNT, ReadState};
+use crate::read_state::{Key, Kind, MAX_COUNT, ReadState};
 
 /// How many recent messages a channel keeps: a member's count is exact while
 /// their last ack is within them (8 KiB of ids), and says it is capped past.
@@ -25,13 +25,16 @@ pub struct ChannelState {
     /// it were counted per member, those above it are counted here. The
     /// split is by id, so a message is counted one way, never both.
     counted_from: u64,
+    /// The newest message taken: one at or below it is a redelivery or
+    /// late, and counts nothing.
+    last_message_id: u64,
     /// The newest id that fell out of `recent` (0 if none): a member acked
     /// below it cannot be counted exactly any more.
     dropped_up_to: u64,
-    /// The ids of the last messages above `counted_from`, ascending.
+    /// The ids of the last messages above `counted_from` that are not
+    /// deleted, ascending. A deleted one leaves, so the window holds
+    /// [`RECENT_MESSAGES`] live messages whatever was deleted.
     recent: VecDeque<u64>,
-    /// The deleted ids among `recent`, ascending.
-    deleted: Vec<u64>,
     /// Rises on every change: `max(previous + 1, now_µs)`, as a user's.
     version: u64,
     /// At most this many ids in `recent` ([`RECENT_MESSAGES`] but in tests).
@@ -52,13 +55,23 @@ pub trait Channels {
     /// The state of `channel_id`, if that channel is counted by channel.
     fn get(&self, channel_id: u64) -> Option<&ChannelState>;
 
-    /// The state `state` is counted by, if any: only channel read states
-    /// are ever counted by channel.
+    /// The state `state` is counted by, if any.
     fn of(&self, state: &ReadState) -> Option<&ChannelState> {
-        match state.kind {
-            Kind::Channel => self.get(state.channel_id),
+        self.get_key(state.key())
+    }
+
+    /// The state the read states of `key` are counted by, if any: only
+    /// channel read states are ever counted by channel.
+    fn get_key(&self, key: Key) -> Option<&ChannelState> {
+        match key.kind {
+            Kind::Channel => self.get(key.channel_id),
             _ => None,
         }
+    }
+
+    /// Whether the read states of `key` are counted by channel.
+    fn counts_key(&self, key: Key) -> bool {
+        self.get_key(key).is_some()
     }
 }
 
@@ -95,30 +108,32 @@ impl ChannelState {
         ChannelState {
             channel_id,
             counted_from,
+            last_message_id: counted_from,
             dropped_up_to: 0,
             recent: VecDeque::new(),
-            deleted: Vec::new(),
             version: now_us.max(1),
             capacity: capacity.max(1),
         }
     }
 
     /// A channel as the store holds it. Tolerates what a damaged row could
-    /// hold: ids are sorted and deduplicated, deleted ids not among the
-    /// recent ones and ids at or below `counted_from` are dropped, and the
-    /// oldest beyond [`RECENT_MESSAGES`] fall out as they would have.
+    /// hold: ids are sorted and deduplicated, those outside
+    /// (`counted_from`, `last_message_id`] are dropped, and the oldest beyond
+    /// [`RECENT_MESSAGES`] fall out as they would have.
     pub fn from_stored(
         channel_id: u64,
         counted_from: u64,
+        last_message_id: u64,
         dropped_up_to: u64,
         mut recent: Vec<u64>,
-        mut deleted: Vec<u64>,
         version: u64,
     ) -> ChannelState {
-        recent.retain(|&id| id > counted_from);
+        let last_message_id = last_message_id.max(counted_from).max(dropped_up_to);
+        recent.retain(|&id| counted_from < id && id <= last_message_id);
         recent.sort_unstable();
         recent.dedup();
         let mut state = ChannelState {
+            last_message_id,
             dropped_up_to,
             version,
             ..ChannelState::switched(channel_id, counted_from, version)
@@ -128,10 +143,6 @@ impl ChannelState {
             state.dropped_up_to = state.dropped_up_to.max(recent[excess - 1]);
         }
         state.recent = recent.split_off(excess).into();
-        deleted.sort_unstable();
-        deleted.dedup();
-        deleted.retain(|id| state.holds(*id));
-        state.deleted = deleted;
         state
     }
 
@@ -151,21 +162,21 @@ impl ChannelState {
         self.version
     }
 
-    /// The recent message ids, ascending, deleted ones included.
+    /// The recent messages not deleted, ascending.
     pub fn recent(&self) -> impl ExactSizeIterator<Item = u64> + '_ {
         self.recent.iter().copied()
     }
 
-    /// The deleted ids among the recent ones, ascending.
-    pub fn deleted(&self) -> &[u64] {
-        &self.deleted
-    }
-
-    /// The newest message the channel has seen: a message at or below it is
+    /// The newest message the channel has taken: a message at or below it is
     /// a redelivery or late, and counts nothing.
     pub fn last_message_id(&self) -> u64 {
-        let newest = self.recent.back().copied().unwrap_or(0);
-        newest.max(self.counted_from).max(self.dropped_up_to)
+        self.last_message_id
+    }
+
+    /// Whether `message_id` is a recent message, taken and not deleted: what
+    /// a mention of it may count for (a retry of it too, a late one not).
+    pub fn holds(&self, message_id: u64) -> bool {
+        self.recent.binary_search(&message_id).is_ok()
     }
 
     /// Whether `message_id` is counted here rather than per member.
@@ -176,33 +187,28 @@ impl ChannelState {
     /// A new message: appended if above the newest one (the oldest drops out
     /// past the capacity). Returns whether it changed anything.
     pub fn message_created(&mut self, message_id: u64, now_us: u64) -> bool {
-        if message_id <= self.last_message_id() {
+        if message_id <= self.last_message_id {
             return false;
         }
         if self.recent.len() == self.capacity
             && let Some(oldest) = self.recent.pop_front()
         {
             self.dropped_up_to = oldest;
-            if self.deleted.first() == Some(&oldest) {
-                self.deleted.remove(0);
-            }
         }
         self.recent.push_back(message_id);
+        self.last_message_id = message_id;
         self.next_version(now_us);
         true
     }
 
-    /// A deleted message: if it is among the recent ones and not deleted
-    /// yet, every member who had not read it counts one less. Returns
-    /// whether it changed anything (a retry does not).
+    /// A deleted message: if it is a recent one, it leaves, and every member
+    /// who had not read it counts one less. Returns whether it changed
+    /// anything (a retry does not).
     pub fn message_deleted(&mut self, message_id: u64, now_us: u64) -> bool {
-        if !self.holds(message_id) {
-            return false;
-        }
-        let Err(position) = self.deleted.binary_search(&message_id) else {
+        let Ok(position) = self.recent.binary_search(&message_id) else {
             return false;
         };
-        self.deleted.insert(position, message_id);
+        self.recent.remove(position);
         self.next_version(now_us);
         true
     }
@@ -211,9 +217,8 @@ impl ChannelState {
     /// `last_acked_id`: recent ones above it, not deleted.
     pub fn unread_after(&self, last_acked_id: u64) -> Unread {
         let after = self.recent.len() - self.recent.partition_point(|&id| id <= last_acked_id);
-        let deleted = self.deleted.len() - self.deleted.partition_point(|&id| id <= last_acked_id);
         Unread {
-            count: u16::try_from(after - deleted).unwrap_or(MAX_COUNT),
+            count: u16::try_from(after).unwrap_or(MAX_COUNT),
             capped: last_acked_id < self.dropped_up_to,
         }
     }
@@ -238,11 +243,6 @@ impl ChannelState {
             return 0;
         }
         unread_count.saturating_sub(self.unread_after(message_id).count)
-    }
-
-    /// Whether `message_id` is among the recent messages.
-    fn holds(&self, message_id: u64) -> bool {
-        self.recent.binary_search(&message_id).is_ok()
     }
 
     fn next_version(&mut self, now_us: u64) {

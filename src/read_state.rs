@@ -15,7 +15,7 @@
 use std::ops::DerefMut;
 use std::time::Duration;
 
-use crate::channel_state::Channels;
+use crate::channel_state::{ChannelState, Channels};
 
 /// What a read state tracks. `Channel` is almost everything; the others are
 /// non-message badges.
@@ -442,16 +442,23 @@ impl<E: Entries> UserReadStates<E> {
     /// A new message in `key`'s channel: the unread count (and the mention
     /// count if `mentioned`) rises, unless the message is at or below what
     /// was already counted or read (a redelivery, or a late older message).
-    /// Creates the read state if the user had none. Returns whether it changed.
+    /// Creates the read state if the user had none, but in a channel counted
+    /// by channel, where only members have one (this is then a late message
+    /// from before the switch). Returns whether it changed.
     pub fn message_created(
         &mut self,
         key: Key,
         message_id: u64,
         mentioned: bool,
         now_us: u64,
+        channels: &impl Channels,
     ) -> bool {
         let position = self.position(key);
-        if message_id <= self.live_at(position).map_or(0, ReadState::counted_up_to) {
+        let existing = self.live_at(position);
+        if existing.is_none() && channels.counts_key(key) {
+            return false;
+        }
+        if message_id <= existing.map_or(0, ReadState::counted_up_to) {
             return false;
         }
         let version = self.next_version(now_us);
@@ -498,10 +505,21 @@ impl<E: Entries> UserReadStates<E> {
 
     /// A mention in a channel counted by channel, whose unread count the
     /// channel keeps: the mention count rises past the watermark, as in
-    /// [`Self::message_created`]. A read state created by it is acked just
-    /// below the message, so a member counts from their first mention and
-    /// not from the channel's start. Returns whether it changed.
-    pub fn mentioned(&mut self, key: Key, message_id: u64, now_us: u64) -> bool {
+    /// [`Self::message_created`], if the channel holds the message (took it,
+    /// and it is not deleted: a late message counts nothing, a retry of one
+    /// it took counts once). A read state created by it is acked just below
+    /// the message, so a member counts from their first mention and not from
+    /// the channel's start. Returns whether it changed.
+    pub fn mentioned(
+        &mut self,
+        key: Key,
+        message_id: u64,
+        now_us: u64,
+        channel: &ChannelState,
+    ) -> bool {
+        if !channel.holds(message_id) {
+            return false;
+        }
         let position = self.position(key);
         let existing = self.live_at(position).copied();
         if message_id <= existing.map_or(0, |e| e.counted_up_to()) {
@@ -520,7 +538,8 @@ impl<E: Entries> UserReadStates<E> {
 
     /// A deleted mention in a channel counted by channel (the channel
     /// uncounts the message itself): the mention count drops by one if this
-    /// read state counted it, as in [`Self::message_deleted`].
+    /// read state counted it, as in [`Self::message_deleted`], and as there
+    /// the caller keeps a retry from lowering twice.
     pub fn mention_deleted(&mut self, key: Key, message_id: u64, now_us: u64) -> bool {
         let position = self.position(key);
         let Some(state) = self.live_at(position) else {
@@ -537,15 +556,33 @@ impl<E: Entries> UserReadStates<E> {
         true
     }
 
-    /// Mutes or unmutes a read state, creating it if needed to hold a mute.
-    /// Returns whether it changed.
-    pub fn set_muted(&mut self, key: Key, muted: bool, now_us: u64) -> bool {
+    /// Mutes or unmutes a read state, creating it if needed to hold a mute;
+    /// in a channel counted by channel a read state created so is read up to
+    /// the channel's newest message (a member from now on). Returns whether
+    /// it changed.
+    pub fn set_muted(
+        &mut self,
+        key: Key,
+        muted: bool,
+        now_us: u64,
+        channels: &impl Channels,
+    ) -> bool {
         let position = self.position(key);
-        if self.live_at(position).is_some_and(|e| e.muted) == muted {
+        let existing = self.live_at(position);
+        if existing.is_some_and(|e| e.muted) == muted {
             return false;
         }
+        let joins_at = match existing {
+            None => channels.get_key(key).map(ChannelState::last_message_id),
+            Some(_) => None,
+        };
         let version = self.next_version(now_us);
-        self.change_at(position, key, version, |e| e.muted = muted);
+        self.change_at(position, key, version, |e| {
+            if let Some(newest) = joins_at {
+                e.read_up_to(newest);
+            }
+            e.muted = muted;
+        });
         true
     }
 

@@ -35,6 +35,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use readstates::cache::handoff::Chunk;
 use readstates::cache::{Cache, CacheConfig};
+use readstates::channel_state::NoChannels;
 use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::handoff::{Handoff, Part};
 use readstates::cluster::member::{Member, MemberConfig};
@@ -454,6 +455,7 @@ async fn simulate(seed: u64) -> Ran {
                                             message_id,
                                             false,
                                             now,
+                                            &NoChannels,
                                         );
                                     })
                                     .await

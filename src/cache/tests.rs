@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::channel_state::NoChannels;
 use crate::read_state::Key;
 use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use crate::store::memory::MemoryStore;
@@ -194,7 +195,7 @@ async fn update_many_changes_nothing_when_a_load_fails() {
     store.inject(Fault::new(Operation::Load, Effect::Fail));
     let result = cache
         .update_many(&[1, 2], |_, user, now| {
-            user.message_created(Key::channel(1), 11, false, now)
+            user.message_created(Key::channel(1), 11, false, now, &NoChannels)
         })
         .await;
     assert!(matches!(result, Err(Error::LoadFailed { user_id: 2, .. })));
@@ -215,7 +216,7 @@ async fn a_multi_user_change_loads_each_user_once_even_when_they_do_not_fit() {
     let users: Vec<u64> = (1..=1_000).collect();
     let changed = cache
         .update_many(&users, |_, user, now| {
-            user.message_created(Key::channel(1), 10, false, now)
+            user.message_created(Key::channel(1), 10, false, now, &NoChannels)
         })
         .await
         .unwrap();
@@ -249,7 +250,7 @@ async fn a_multi_user_change_cut_by_a_deadline_changes_all_or_nothing() {
         let cut = tokio::time::timeout(
             Duration::from_millis(cut_ms),
             cache.update_many(&users, |_, user, now| {
-                user.message_created(Key::channel(1), 10, false, now)
+                user.message_created(Key::channel(1), 10, false, now, &NoChannels)
             }),
         )
         .await;
@@ -291,6 +292,7 @@ async fn a_closed_cache_refuses_changes_and_still_reads() {
 
 mod release {
     use super::*;
+    use crate::channel_state::NoChannels;
     use crate::ownership::{Ownership, SlotState};
     use crate::store::StoredUser;
     use crate::watch::{Event, Feed};
@@ -505,7 +507,7 @@ mod release {
             kind: crate::read_state::Kind::Channel,
         };
         let created = |user: &mut UserReadStates<Stored<'_>>, id, now| {
-            user.message_created(Key::channel(5), id, false, now)
+            user.message_created(Key::channel(5), id, false, now, &NoChannels)
         };
         sender
             .update_many(&[1], |_, user, now| {

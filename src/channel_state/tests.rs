@@ -73,7 +73,11 @@ fn a_deleted_message_is_uncounted_once_for_those_who_had_not_read_it() {
         2,
         "read before it was deleted"
     );
-    assert_eq!(channel.deleted(), &[2]);
+    assert_eq!(channel.recent().collect::<Vec<_>>(), vec![1, 3, 4]);
+    assert!(
+        !channel.message_created(4, 4),
+        "the newest, deleted, is still taken"
+    );
 }
 
 #[test]
@@ -82,27 +86,45 @@ fn past_the_recent_messages_the_count_is_capped_and_says_so() {
     for id in 1..=5 {
         channel.message_created(id, 1);
     }
-    channel.message_deleted(3, 2);
     assert_eq!(channel.recent().collect::<Vec<_>>(), vec![3, 4, 5]);
     assert_eq!(channel.dropped_up_to(), 2);
     assert_eq!(
         channel.unread_after(0),
         Unread {
-            count: 2,
+            count: 3,
             capped: true
         }
     );
     assert_eq!(
         channel.unread_after(2),
         Unread {
-            count: 2,
+            count: 3,
             capped: false
         },
         "acked at the newest dropped message: exact"
     );
+    // A deleted message leaves the window: it keeps as many live messages.
+    channel.message_deleted(4, 2);
     channel.message_created(6, 3);
-    assert_eq!(channel.deleted(), &[] as &[u64], "dropped with its message");
-    assert_eq!(channel.unread_after(3).count, 3);
+    assert_eq!(channel.recent().collect::<Vec<_>>(), vec![3, 5, 6]);
+    assert_eq!(channel.dropped_up_to(), 2);
+    assert_eq!(channel.unread_after(2).count, 3);
+}
+
+#[test]
+fn deletions_do_not_shorten_the_exact_window() {
+    // 1,025 messages, 1,000 of them deleted, the first one dropped: the 25
+    // left are within the window and counted exactly.
+    let mut channel = ChannelState::switched(7, 10, 1);
+    for id in 11..=1_034 {
+        channel.message_created(id, 1);
+    }
+    for id in 12..=1_011 {
+        channel.message_deleted(id, 2);
+    }
+    channel.message_created(1_035, 3);
+    let unread = channel.unread_after(10);
+    assert_eq!((unread.count, unread.capped), (25, false));
 }
 
 #[test]
@@ -122,7 +144,7 @@ fn a_switch_keeps_what_each_member_counted() {
     let mut user = UserReadStates::default();
     user.ack(C, 10, 1);
     for id in 11..=13 {
-        user.message_created(C, id, id == 12, 1);
+        user.message_created(C, id, id == 12, 1, &NoChannels);
     }
     let mut channel = ChannelState::switched(7, 13, 2);
     assert_eq!(channel.unread(user.get(C).unwrap()).count, 3);
@@ -149,8 +171,8 @@ fn a_member_counts_from_their_ack_at_joining_or_their_first_mention() {
     let (mut joined, mut mentioned) = (UserReadStates::default(), UserReadStates::default());
     joined.ack(C, channel.last_message_id(), 2);
     channel.message_created(6, 3);
-    assert!(mentioned.mentioned(C, 6, 3));
-    assert!(!mentioned.mentioned(C, 6, 4), "a retry");
+    assert!(mentioned.mentioned(C, 6, 3, &channel));
+    assert!(!mentioned.mentioned(C, 6, 4, &channel), "a retry");
     let channels = channels(channel);
     assert_eq!(unread(&joined, C, &channels).count, 1);
     assert_eq!(unread(&mentioned, C, &channels).count, 1);
@@ -160,9 +182,11 @@ fn a_member_counts_from_their_ack_at_joining_or_their_first_mention() {
 
 #[test]
 fn a_deleted_mention_lowers_the_mention_only_where_it_counted() {
+    let mut channel = ChannelState::switched(7, 1, 1);
+    channel.message_created(5, 1);
     let mut user = UserReadStates::default();
     user.ack(C, 1, 1);
-    user.mentioned(C, 5, 2);
+    user.mentioned(C, 5, 2, &channel);
     assert!(!user.mention_deleted(C, 6, 3), "after it: not counted");
     assert!(!user.mention_deleted(C, 1, 3), "read: not counted");
     assert!(user.mention_deleted(C, 5, 3));
@@ -231,7 +255,7 @@ fn only_channel_read_states_are_counted_by_channel() {
         channel_id: 7,
     };
     let mut user = UserReadStates::default();
-    user.message_created(event, 5, false, 1);
+    user.message_created(event, 5, false, 1, &NoChannels);
     let mut channel = ChannelState::switched(7, 0, 1);
     channel.message_created(9, 1);
     let channels = channels(channel);
@@ -243,7 +267,7 @@ fn only_channel_read_states_are_counted_by_channel() {
 fn a_muted_member_with_unread_messages_is_not_an_unread_channel() {
     let mut user = UserReadStates::default();
     user.ack(C, 1, 1);
-    user.set_muted(C, true, 1);
+    user.set_muted(C, true, 1, &NoChannels);
     let mut channel = ChannelState::switched(7, 1, 1);
     channel.message_created(2, 1);
     let channels = channels(channel);
@@ -257,22 +281,73 @@ fn a_stored_channel_reads_back_as_it_was_and_a_damaged_one_is_made_sound() {
     for id in 11..=16 {
         channel.message_created(id, 1);
     }
-    channel.message_deleted(15, 2);
+    channel.message_deleted(16, 2);
     let stored = ChannelState::from_stored(
         7,
         channel.counted_from(),
+        channel.last_message_id(),
         channel.dropped_up_to(),
         channel.recent().collect(),
-        channel.deleted().to_vec(),
         channel.version(),
     );
-    assert_eq!(stored.recent().collect::<Vec<_>>(), vec![13, 14, 15, 16]);
-    assert_eq!(stored.unread_after(12), channel.unread_after(12));
-    assert_eq!(stored.version(), channel.version());
+    let fields = |c: &ChannelState| {
+        let ends = (c.counted_from(), c.last_message_id(), c.dropped_up_to());
+        (
+            c.channel_id(),
+            ends,
+            c.recent().collect::<Vec<_>>(),
+            c.version(),
+        )
+    };
+    assert_eq!(fields(&stored), fields(&channel));
+    assert_eq!(stored.recent().collect::<Vec<_>>(), vec![13, 14, 15]);
+    assert!(
+        !stored.clone().message_created(16, 3),
+        "deleted, still taken"
+    );
 
-    let damaged = ChannelState::from_stored(7, 10, 0, vec![12, 9, 11, 12], vec![40, 11, 11], 5);
+    let damaged = ChannelState::from_stored(7, 10, 12, 0, vec![12, 9, 11, 12, 40], 5);
     assert_eq!(damaged.recent().collect::<Vec<_>>(), vec![11, 12]);
-    assert_eq!(damaged.deleted(), &[11]);
+    assert_eq!(damaged.last_message_id(), 12);
+}
+
+#[test]
+fn a_read_state_made_without_an_ack_counts_from_the_channels_newest_message() {
+    let mut channel = ChannelState::switched(7, 100, 1);
+    let mut user = UserReadStates::default();
+    user.ack(C, 100, 1);
+    for id in 101..=110 {
+        channel.message_created(id, 1);
+    }
+    let channels = channels(channel);
+    user.delete(&[C], 2);
+    assert!(
+        !user.message_created(C, 95, false, 3, &channels),
+        "a late message from before the switch makes no one a member"
+    );
+    assert!(user.get(C).is_none());
+    assert!(user.set_muted(C, true, 4, &channels));
+    assert_eq!(user.get(C).unwrap().last_acked_id, 110);
+    assert_eq!(unread(&user, C, &channels).count, 0);
+    assert!(
+        !user.message_created(C, 96, false, 5, &channels),
+        "joined after it: read"
+    );
+    assert_eq!(unread(&user, C, &channels).count, 0);
+}
+
+#[test]
+fn a_mention_of_a_message_the_channel_did_not_take_counts_nothing() {
+    let mut channel = ChannelState::switched(7, 100, 1);
+    channel.message_created(101, 1);
+    channel.message_created(103, 1);
+    assert!(!channel.message_created(102, 2), "late");
+    let mut user = UserReadStates::default();
+    user.ack(C, 100, 1);
+    assert!(!user.mentioned(C, 102, 2, &channel));
+    channel.message_deleted(103, 3);
+    assert!(!user.mentioned(C, 103, 3, &channel), "deleted first");
+    assert_eq!(user.get(C).unwrap().mention_count, 0);
 }
 
 // The model of a user whose channels are counted both ways.
@@ -445,6 +520,10 @@ fn apply_model(model: &mut Model, op: &Op) {
                 if id > channel.newest() {
                     channel.messages.insert(id, false);
                 }
+                // A mention counts for a message the channel holds.
+                if channel.messages.get(&id) != Some(&false) {
+                    return;
+                }
                 for (user, _) in mentioned.iter().enumerate().filter(|(_, m)| **m) {
                     let existing = model.members.get(&(user, key)).copied();
                     if id > existing.map_or(0, |m| m.counted_up_to()) {
@@ -458,7 +537,13 @@ fn apply_model(model: &mut Model, op: &Op) {
                 }
                 return;
             }
+            // Counted by channel, only members count a message from before
+            // the switch.
+            let members_only = model.channel_of(key).is_some();
             for (user, &mentioned) in mentioned.iter().enumerate() {
+                if members_only && !model.members.contains_key(&(user, key)) {
+                    continue;
+                }
                 let member = model.members.entry((user, key)).or_default();
                 if id > member.counted_up_to() {
                     member.last_message_id = id;
@@ -520,7 +605,18 @@ fn apply_model(model: &mut Model, op: &Op) {
                 member.read_up_to(member.counted_up_to().max(newest));
             }
         }
-        Op::Mute(user, key, muted) => model.members.entry((user, key)).or_default().muted = muted,
+        Op::Mute(user, key, false) if !model.members.contains_key(&(user, key)) => {}
+        Op::Mute(user, key, muted) => {
+            // Counted by channel, a read state made by a mute joins at the
+            // channel's newest message.
+            let newest = model.channel_of(key).map_or(0, ModelChannel::newest);
+            let member = model.members.entry((user, key)).or_insert(Member {
+                last_acked_id: newest,
+                last_message_id: newest,
+                ..Member::default()
+            });
+            member.muted = muted;
+        }
         Op::Delete(user, key) => {
             model.members.remove(&(user, key));
         }
@@ -559,12 +655,13 @@ fn apply_real(
                     .get_mut(&key.channel_id)
                     .unwrap()
                     .message_created(id, now_us);
+                let channel = &channels[&key.channel_id];
                 for (user, _) in mentioned.iter().enumerate().filter(|(_, m)| **m) {
-                    users[user].mentioned(key, id, now_us);
+                    users[user].mentioned(key, id, now_us, channel);
                 }
             } else {
                 for (user, &mentioned) in mentioned.iter().enumerate() {
-                    users[user].message_created(key, id, mentioned, now_us);
+                    users[user].message_created(key, id, mentioned, now_us, &*channels);
                 }
             }
         }
@@ -595,7 +692,7 @@ fn apply_real(
             users[user].ack_all(&[], now_us, &*channels);
         }
         Op::Mute(user, key, muted) => {
-            users[user].set_muted(key, muted, now_us);
+            users[user].set_muted(key, muted, now_us, &*channels);
         }
         Op::Delete(user, key) => {
             users[user].delete(&[key], now_us);
@@ -677,7 +774,9 @@ proptest! {
     }
 
     /// With a small cap, a count is exact while the ack is within the recent
-    /// messages, and says it is capped exactly when it is not.
+    /// messages, and says it is capped exactly when it is not. The model
+    /// keeps every message; the window is the live ones above the newest
+    /// that fell out, which a new message pushes out when the window is full.
     #[test]
     fn the_cap_is_exact_within_and_said_past(
         ops in prop::collection::vec((any::<bool>(), 1u64..60), 1..80),
@@ -686,22 +785,27 @@ proptest! {
         const CAPACITY: usize = 5;
         let mut channel = ChannelState::with_capacity(7, 0, 1, CAPACITY);
         let mut model = ModelChannel::default();
+        let mut dropped_up_to = 0;
         for &(create, id) in &ops {
+            let window: Vec<u64> = (model.messages.iter())
+                .filter(|&(&id, &deleted)| !deleted && id > dropped_up_to)
+                .map(|(&id, _)| id)
+                .collect();
             if create {
                 channel.message_created(id, 1);
                 if id > model.newest() {
+                    if window.len() == CAPACITY {
+                        dropped_up_to = window[0];
+                    }
                     model.messages.insert(id, false);
                 }
             } else {
                 channel.message_deleted(id, 1);
-                let recent: Vec<u64> = model.messages.keys().rev().take(CAPACITY).copied().collect();
-                if recent.contains(&id) {
+                if window.contains(&id) {
                     model.messages.insert(id, true);
                 }
             }
         }
-        let ids: Vec<u64> = model.messages.keys().copied().collect();
-        let dropped_up_to = ids.len().checked_sub(CAPACITY + 1).map_or(0, |i| ids[i]);
         prop_assert_eq!(channel.dropped_up_to(), dropped_up_to);
         for ack in acks {
             let unread = channel.unread_after(ack);

@@ -9,6 +9,7 @@ use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{MessageCreatedRequest, MessageCreatedResponse};
 use crate::read_state::Key;
@@ -31,8 +32,8 @@ pub async fn handle(
     let changed = cache
         .update_many(&user_ids, |index, user, now_us| match effects[index].1 {
             Effect::Author => user.ack(key, message_id, now_us).is_some(),
-            Effect::Mention => user.message_created(key, message_id, true, now_us),
-            Effect::Unread => user.message_created(key, message_id, false, now_us),
+            Effect::Mention => user.message_created(key, message_id, true, now_us, &NoChannels),
+            Effect::Unread => user.message_created(key, message_id, false, now_us, &NoChannels),
         })
         .await?;
     Ok(MessageCreatedResponse {

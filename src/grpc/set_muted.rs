@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{SetMutedRequest, SetMutedResponse};
 use crate::read_state::Key;
@@ -21,7 +22,7 @@ pub async fn handle(
     };
     cache
         .update(user_id, |user, now_us| SetMutedResponse {
-            applied: user.set_muted(key, request.muted, now_us),
+            applied: user.set_muted(key, request.muted, now_us, &NoChannels),
             version: user.version(),
             read_state: user.get(key).map(Into::into),
         })

@@ -23,8 +23,8 @@ const E1: Key = Key {
 #[test]
 fn ack_moves_forward_only_and_resets_counters() {
     let mut user = UserReadStates::default();
-    assert!(user.message_created(C1, 10, true, 0));
-    assert!(user.message_created(C1, 11, false, 0));
+    assert!(user.message_created(C1, 10, true, 0, &NoChannels));
+    assert!(user.message_created(C1, 11, false, 0, &NoChannels));
     let state = user.get(C1).unwrap();
     assert_eq!((state.mention_count, state.unread_count), (1, 2));
 
@@ -43,9 +43,9 @@ fn ack_moves_forward_only_and_resets_counters() {
 fn messages_at_or_before_the_last_ack_do_not_count() {
     let mut user = UserReadStates::default();
     user.ack(C1, 100, 0);
-    assert!(!user.message_created(C1, 100, true, 0));
-    assert!(!user.message_created(C1, 99, true, 0));
-    assert!(user.message_created(C1, 101, true, 0));
+    assert!(!user.message_created(C1, 100, true, 0, &NoChannels));
+    assert!(!user.message_created(C1, 99, true, 0, &NoChannels));
+    assert!(user.message_created(C1, 101, true, 0, &NoChannels));
     assert_eq!(user.get(C1).unwrap().mention_count, 1);
 }
 
@@ -60,16 +60,16 @@ fn manual_ack_rewinds_and_sets_counts() {
     );
     // Messages between the rewound ack and the watermark are what the given
     // counts describe; only newer ones count on top.
-    assert!(!user.message_created(C1, 50, false, 0));
-    assert!(user.message_created(C1, 101, false, 0));
+    assert!(!user.message_created(C1, 50, false, 0, &NoChannels));
+    assert!(user.message_created(C1, 101, false, 0, &NoChannels));
     assert_eq!(user.get(C1).unwrap().unread_count, 8);
 }
 
 #[test]
 fn kinds_of_the_same_channel_are_separate() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, true, 0);
-    user.message_created(E1, 10, false, 0);
+    user.message_created(C1, 10, true, 0, &NoChannels);
+    user.message_created(E1, 10, false, 0, &NoChannels);
     user.ack(C1, 10, 0);
     assert_eq!(user.get(E1).unwrap().unread_count, 1);
     assert_eq!(user.get(C1).unwrap().unread_count, 0);
@@ -79,7 +79,7 @@ fn kinds_of_the_same_channel_are_separate() {
 fn counters_saturate() {
     let mut user = UserReadStates::default();
     user.manual_ack(C1, 1, MAX_COUNT, MAX_COUNT, 0);
-    user.message_created(C1, 2, true, 0);
+    user.message_created(C1, 2, true, 0, &NoChannels);
     let state = user.get(C1).unwrap();
     assert_eq!(
         (state.mention_count, state.unread_count),
@@ -92,11 +92,14 @@ fn counters_saturate() {
 #[test]
 fn a_redelivered_message_counts_once() {
     let mut user = UserReadStates::default();
-    assert!(user.message_created(C1, 10, true, 0));
+    assert!(user.message_created(C1, 10, true, 0, &NoChannels));
     let version = user.version();
-    assert!(!user.message_created(C1, 10, true, 0), "redelivered");
     assert!(
-        !user.message_created(C1, 10, false, 0),
+        !user.message_created(C1, 10, true, 0, &NoChannels),
+        "redelivered"
+    );
+    assert!(
+        !user.message_created(C1, 10, false, 0, &NoChannels),
         "redelivered, other list"
     );
     assert_eq!(user.version(), version, "nothing changed");
@@ -114,23 +117,23 @@ fn a_redelivered_message_counts_once() {
 #[test]
 fn a_late_older_message_does_not_count() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, false, 0);
-    assert!(!user.message_created(C1, 9, false, 0));
-    assert!(user.message_created(C1, 11, false, 0));
+    user.message_created(C1, 10, false, 0, &NoChannels);
+    assert!(!user.message_created(C1, 9, false, 0, &NoChannels));
+    assert!(user.message_created(C1, 11, false, 0, &NoChannels));
     assert_eq!(user.get(C1).unwrap().unread_count, 2);
 }
 
 #[test]
 fn acks_raise_the_watermark_and_a_manual_ack_keeps_it() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, false, 0);
+    user.message_created(C1, 10, false, 0, &NoChannels);
     user.ack(C1, 20, 0);
     assert_eq!(user.get(C1).unwrap().last_message_id, 20);
-    user.message_created(C1, 30, false, 0);
+    user.message_created(C1, 30, false, 0, &NoChannels);
     let state = user.manual_ack(C1, 15, 0, 2, 0);
     assert_eq!((state.last_acked_id, state.last_message_id), (15, 30));
     assert!(
-        !user.message_created(C1, 30, false, 0),
+        !user.message_created(C1, 30, false, 0, &NoChannels),
         "a redelivery after \"mark unread\" counts nothing"
     );
     assert_eq!(user.get(C1).unwrap().unread_count, 2);
@@ -139,9 +142,9 @@ fn acks_raise_the_watermark_and_a_manual_ack_keeps_it() {
 #[test]
 fn ack_all_reads_every_read_state_up_to_its_watermark_as_one_change() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, true, 0);
-    user.message_created(C2, 20, false, 0);
-    user.message_created(E1, 30, false, 0);
+    user.message_created(C1, 10, true, 0, &NoChannels);
+    user.message_created(C2, 20, false, 0, &NoChannels);
+    user.message_created(E1, 30, false, 0, &NoChannels);
     user.ack(Key::channel(3), 5, 0);
     let before = user.version();
     assert_eq!(
@@ -174,8 +177,8 @@ fn ack_all_reads_every_read_state_up_to_its_watermark_as_one_change() {
 #[test]
 fn a_deleted_message_uncounts_only_what_it_counted() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, true, 0);
-    user.message_created(C1, 11, false, 0);
+    user.message_created(C1, 10, true, 0, &NoChannels);
+    user.message_created(C1, 11, false, 0, &NoChannels);
     assert!(!user.message_deleted(C1, 12, false, 0), "never counted");
     assert!(!user.message_deleted(C2, 10, false, 0), "no read state");
     assert!(user.message_deleted(C1, 10, true, 0));
@@ -193,14 +196,17 @@ fn a_deleted_message_uncounts_only_what_it_counted() {
 fn a_muted_read_state_counts_mentions_but_is_not_an_unread_channel() {
     let mut user = UserReadStates::default();
     assert!(
-        !user.set_muted(C1, false, 0),
+        !user.set_muted(C1, false, 0, &NoChannels),
         "unmuting nothing changes nothing"
     );
-    assert!(user.set_muted(C1, true, 0), "muting creates the read state");
-    assert!(!user.set_muted(C1, true, 0));
-    user.message_created(C1, 10, false, 0);
+    assert!(
+        user.set_muted(C1, true, 0, &NoChannels),
+        "muting creates the read state"
+    );
+    assert!(!user.set_muted(C1, true, 0, &NoChannels));
+    user.message_created(C1, 10, false, 0, &NoChannels);
     assert_eq!(user.counts(&NoChannels).unread_channel_count, 0);
-    user.message_created(C1, 11, true, 0);
+    user.message_created(C1, 11, true, 0, &NoChannels);
     assert_eq!(
         user.counts(&NoChannels),
         Counts {
@@ -227,9 +233,9 @@ fn version_follows_the_clock_and_never_goes_back() {
 #[test]
 fn counts_cover_live_read_states() {
     let mut user = UserReadStates::default();
-    user.message_created(C1, 10, true, 0);
-    user.message_created(C1, 11, true, 0);
-    user.message_created(C2, 10, false, 0);
+    user.message_created(C1, 10, true, 0, &NoChannels);
+    user.message_created(C1, 11, true, 0, &NoChannels);
+    user.message_created(C2, 10, false, 0, &NoChannels);
     user.ack(E1, 10, 0);
     assert_eq!(
         user.counts(&NoChannels),
@@ -267,7 +273,7 @@ fn delete_leaves_a_tombstone_that_deltas_report() {
     assert_eq!(user.delete(&[C1], 0), 0, "deleting twice changes nothing");
 
     // A new message revives it as a fresh read state.
-    assert!(user.message_created(C1, 5, false, 0));
+    assert!(user.message_created(C1, 5, false, 0, &NoChannels));
     let state = user.get(C1).unwrap();
     assert_eq!((state.last_acked_id, state.unread_count), (0, 1));
 }
@@ -521,7 +527,7 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
             user.manual_ack(k, id, m, u, now_us);
         }
         Op::Message(k, id, mentioned) => {
-            user.message_created(k, id, mentioned, now_us);
+            user.message_created(k, id, mentioned, now_us, &NoChannels);
         }
         Op::MessageDeleted(k, id, mentioned) => {
             user.message_deleted(k, id, mentioned, now_us);
@@ -530,7 +536,7 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
             user.ack_all(kinds, now_us, &NoChannels);
         }
         Op::Mute(k, muted) => {
-            user.set_muted(k, muted, now_us);
+            user.set_muted(k, muted, now_us, &NoChannels);
         }
         Op::Delete(ref keys) => {
             user.delete(keys, now_us);
@@ -602,7 +608,13 @@ fn a_user_put_together_from_its_parts_tracks_how_its_unwritten_count_changes() {
     let mut rng = fastrand::Rng::with_seed(11);
     let mut user = UserReadStates::default();
     for channel_id in 1..=30 {
-        user.message_created(Key::channel(channel_id), 100, false, channel_id);
+        user.message_created(
+            Key::channel(channel_id),
+            100,
+            false,
+            channel_id,
+            &NoChannels,
+        );
     }
     user.mark_written(15);
     let (header, entries) = user.clone().into_parts();
@@ -614,11 +626,11 @@ fn a_user_put_together_from_its_parts_tracks_how_its_unwritten_count_changes() {
         let now = 1_000 + step;
         match rng.u8(..6) {
             0 => drop(parts.ack(key, 200 + step, now)),
-            1 => drop(parts.message_created(key, 300 + step, true, now)),
+            1 => drop(parts.message_created(key, 300 + step, true, now, &NoChannels)),
             2 => drop(parts.delete(&[key], now)),
             3 if rng.u8(..20) == 0 => drop(parts.delete_all(now)),
             4 => parts.mark_written(parts.version() - rng.u64(0..3).min(parts.version())),
-            _ => drop(parts.set_muted(key, rng.bool(), now)),
+            _ => drop(parts.set_muted(key, rng.bool(), now, &NoChannels)),
         }
         let counted =
             UserReadStates::from_parts(parts.view().header(), parts.clone().into_parts().1);

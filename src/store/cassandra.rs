@@ -111,12 +111,13 @@ impl CassandraStore {
         .await?;
         let channels = format!("{keyspace}.channel_states");
         let load_channels = prepare(format!(
-            "SELECT channel_id, version, counted_from, dropped_up_to, recent, deleted FROM {channels}"
+            "SELECT channel_id, version, counted_from, last_message_id, dropped_up_to, recent \
+             FROM {channels}"
         ))
         .await?;
         let write_channel = prepare(format!(
-            "INSERT INTO {channels} (channel_id, version, counted_from, dropped_up_to, recent, deleted) \
-             VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+            "INSERT INTO {channels} (channel_id, version, counted_from, last_message_id, \
+             dropped_up_to, recent) VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
         ))
         .await?;
         Ok(CassandraStore {
@@ -249,18 +250,19 @@ impl Store for CassandraStore {
             .map_err(error)?;
         let rows = pager.rows_stream::<ChannelRow>().map_err(error)?;
         let rows: Vec<ChannelRow> = rows.try_collect().await.map_err(error)?;
-        let ids = |ids: Option<Vec<i64>>| ids.unwrap_or_default().into_iter().map(|id| id as u64);
+        let id = |id: Option<i64>| id.unwrap_or(0) as u64;
         Ok(rows
             .into_iter()
             .map(
-                |(channel_id, version, counted_from, dropped_up_to, recent, deleted)| {
+                |(channel_id, version, counted_from, last, dropped, recent)| {
+                    let recent = recent.unwrap_or_default().into_iter().map(|i| i as u64);
                     ChannelState::from_stored(
                         channel_id as u64,
-                        counted_from.unwrap_or(0) as u64,
-                        dropped_up_to.unwrap_or(0) as u64,
-                        ids(recent).collect(),
-                        ids(deleted).collect(),
-                        version.unwrap_or(0) as u64,
+                        id(counted_from),
+                        id(last),
+                        id(dropped),
+                        recent.collect(),
+                        id(version),
                     )
                 },
             )
@@ -268,15 +270,14 @@ impl Store for CassandraStore {
     }
 
     async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
-        let ids = |ids: &mut dyn Iterator<Item = u64>| ids.map(|id| id as i64).collect::<Vec<_>>();
         let version = channel.version() as i64;
         let values = (
             channel.channel_id() as i64,
             version,
             channel.counted_from() as i64,
+            channel.last_message_id() as i64,
             channel.dropped_up_to() as i64,
-            ids(&mut channel.recent()),
-            ids(&mut channel.deleted().iter().copied()),
+            channel.recent().map(|id| id as i64).collect::<Vec<_>>(),
             version,
         );
         (self.session)
@@ -287,13 +288,13 @@ impl Store for CassandraStore {
     }
 }
 
-/// channel_id, version, counted_from, dropped_up_to, recent, deleted.
+/// channel_id, version, counted_from, last_message_id, dropped_up_to, recent.
 type ChannelRow = (
     i64,
     Option<i64>,
     Option<i64>,
     Option<i64>,
-    Option<Vec<i64>>,
+    Option<i64>,
     Option<Vec<i64>>,
 );
 

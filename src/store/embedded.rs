@@ -9,6 +9,7 @@
 //! calls run on the blocking pool.
 
 use std::fs::OpenOptions;
+use std::ops::Not;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -247,7 +248,11 @@ impl Store for EmbeddedStore {
             let mut channels = Vec::new();
             for row in txn.open_table(CHANNELS)?.iter()? {
                 let (key, value) = row?;
-                channels.push(decode_channel(key.value(), value.value())?);
+                // One damaged row must not keep every channel from loading.
+                match decode_channel(key.value(), value.value()) {
+                    Ok(channel) => channels.push(channel),
+                    Err(failure) => tracing::error!("skipped: {}", describe(failure)),
+                }
             }
             Ok(channels)
         })
@@ -261,9 +266,12 @@ impl Store for EmbeddedStore {
             {
                 let mut channels = txn.open_table(CHANNELS)?;
                 let id = channel.channel_id();
-                // Writes may land out of order: the newer state wins.
+                // Writes may land out of order: the newer state wins (over a
+                // damaged row too).
                 let newer = match channels.get(id)? {
-                    Some(old) => decode_channel(id, old.value())?.version() < channel.version(),
+                    Some(old) => decode_channel(id, old.value())
+                        .is_ok_and(|old| old.version() >= channel.version())
+                        .not(),
                     None => true,
                 };
                 if newer {
@@ -326,42 +334,36 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Fail
     })
 }
 
-/// A channel's value: version, counted_from, dropped_up_to, the number of
-/// recent ids, those ids, then the deleted ids to the end; little-endian u64s.
+/// A channel's value: version, counted_from, last_message_id,
+/// dropped_up_to, then the recent ids to the end; little-endian u64s.
 fn encode_channel(channel: &ChannelState) -> Vec<u8> {
     let head = [
         channel.version(),
         channel.counted_from(),
+        channel.last_message_id(),
         channel.dropped_up_to(),
-        channel.recent().len() as u64,
     ];
     (head.into_iter())
         .chain(channel.recent())
-        .chain(channel.deleted().iter().copied())
         .flat_map(u64::to_le_bytes)
         .collect()
 }
 
 fn decode_channel(channel_id: u64, value: &[u8]) -> Result<ChannelState, Failure> {
-    let corrupt = || Failure::Corrupt(format!("corrupt state of channel {channel_id}"));
     if !value.len().is_multiple_of(8) || value.len() < 32 {
-        return Err(corrupt());
+        return Err(Failure::Corrupt(format!(
+            "corrupt state of channel {channel_id}"
+        )));
     }
     let words: Vec<u64> = (value.chunks_exact(8))
         .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
         .collect();
-    let recent_len = usize::try_from(words[3]).map_err(|_| corrupt())?;
-    let ids = &words[4..];
-    if recent_len > ids.len() {
-        return Err(corrupt());
-    }
-    let (recent, deleted) = ids.split_at(recent_len);
     Ok(ChannelState::from_stored(
         channel_id,
         words[1],
         words[2],
-        recent.to_vec(),
-        deleted.to_vec(),
+        words[3],
+        words[4..].to_vec(),
         words[0],
     ))
 }

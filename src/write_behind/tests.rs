@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::cache::CacheConfig;
+use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::read_state::Key;
 use crate::store::Store;
@@ -46,7 +47,13 @@ async fn message(
 ) -> Result<bool, Error> {
     cache
         .update(user_id, |user, now| {
-            user.message_created(Key::channel(channel_id), message_id, false, now)
+            user.message_created(
+                Key::channel(channel_id),
+                message_id,
+                false,
+                now,
+                &NoChannels,
+            )
         })
         .await
 }
@@ -233,7 +240,7 @@ async fn write_through_writes_each_change_before_answering() {
     let users = [2, 3, 4];
     cache
         .update_many(&users, |_, user, now| {
-            user.message_created(Key::channel(1), 10, false, now)
+            user.message_created(Key::channel(1), 10, false, now, &NoChannels)
         })
         .await
         .unwrap();
@@ -420,7 +427,7 @@ async fn changes_after_shutdown_began_are_refused_unapplied() {
     assert_eq!(refused.code(), tonic::Code::Unavailable);
     let many = cache
         .update_many(&[1, 2], |_, user, now| {
-            user.message_created(Key::channel(1), 12, false, now)
+            user.message_created(Key::channel(1), 12, false, now, &NoChannels)
         })
         .await;
     assert_eq!(many, Err(Error::ShuttingDown));
@@ -465,7 +472,7 @@ async fn write_through_writes_at_most_the_write_concurrency_at_once() {
         async move {
             cache
                 .update_many(&users, |_, user, now| {
-                    user.message_created(Key::channel(1), 10, false, now)
+                    user.message_created(Key::channel(1), 10, false, now, &NoChannels)
                 })
                 .await
         }

@@ -198,13 +198,27 @@ async fn reads_a_file_written_before_the_watermark() {
     assert_eq!(reopened.load_channels().await.unwrap(), vec![channel]);
 }
 
-#[test]
-fn a_damaged_channel_row_is_an_error_not_a_panic() {
-    for damaged in [
-        vec![1u8; 7],
-        vec![0; 24],
-        [0u64, 0, 0, 9].map(u64::to_le_bytes).concat(),
-    ] {
+#[tokio::test]
+async fn a_damaged_channel_row_is_skipped_on_load_and_replaced_by_a_write() {
+    for damaged in [vec![1u8; 7], vec![0; 24], vec![0; 33]] {
         assert!(decode_channel(7, &damaged).is_err(), "{damaged:?}");
     }
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let sound = ChannelState::switched(8, 0, 1);
+    store.write_channel(&sound).await.unwrap();
+    {
+        let db = store.database().unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut channels = txn.open_table(CHANNELS).unwrap();
+        channels.insert(7, [1u8; 5].as_slice()).unwrap();
+        drop(channels);
+        txn.commit().unwrap();
+    }
+    assert_eq!(store.load_channels().await.unwrap(), vec![sound.clone()]);
+    let replaced = ChannelState::switched(7, 0, 1);
+    store.write_channel(&replaced).await.unwrap();
+    let mut loaded = store.load_channels().await.unwrap();
+    loaded.sort_by_key(ChannelState::channel_id);
+    assert_eq!(loaded, vec![replaced, sound]);
 }
