@@ -5,9 +5,9 @@
 //!
 //! Like [`crate::read_state`], everything here is synchronous and pure (the
 //! caller passes the clock in). Every rule is retry-safe by construction: a
-//! message is appended only above the newest one, a deletion is a set insert,
-//! and a member's count is a function of this state and their read state,
-//! never an increment, so it cannot be taken twice.
+//! message is appended only above the newest one, a deletion removes its id
+//! (a retry finds nothing), and a member's count is a function of this state
+//! and their read state, never an increment, so it cannot be taken twice.
 
 use std::collections::VecDeque;
 

@@ -5,11 +5,9 @@
 //! user's rows are one contiguous range, `users` holding each user's version
 //! and delta floor, `wipes` holding its latest wipe, and `channel_states`
 //! (added later: a file without it gets it on open) holding the channels
-//! counted by channel. redb is synchronous;
-//! calls run on the blocking pool.
+//! counted by channel. redb is synchronous; calls run on the blocking pool.
 
 use std::fs::OpenOptions;
-use std::ops::Not;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -269,9 +267,8 @@ impl Store for EmbeddedStore {
                 // Writes may land out of order: the newer state wins (over a
                 // damaged row too).
                 let newer = match channels.get(id)? {
-                    Some(old) => decode_channel(id, old.value())
-                        .is_ok_and(|old| old.version() >= channel.version())
-                        .not(),
+                    Some(old) => !decode_channel(id, old.value())
+                        .is_ok_and(|old| old.version() >= channel.version()),
                     None => true,
                 };
                 if newer {
