@@ -899,4 +899,4 @@ fn search(entries: &[ReadState], key: Key) -> Result<usize, usize> {
 const LINEAR_SEARCH: usize = 64;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,6 +7,10 @@ use std::collections::{BTreeMap, HashMap};
 use proptest::prelude::*;
 
 use super::*;
+// A member's read state in the model: its unread count is what was counted
+// per member (all of it in a channel counted per member, what came before
+// the switch in one counted by channel).
+use crate::read_state::tests::ModelState as Member;
 use crate::read_state::{Counts, Key, UserReadStates};
 
 const C: Key = Key::channel(7);
@@ -354,45 +358,6 @@ fn a_mention_of_a_message_the_channel_did_not_take_counts_nothing() {
 
 const USERS: usize = 2;
 const SWITCHABLE: [u64; 2] = [1, 2];
-
-/// What a read state is, without the bookkeeping: its per-member part, as in
-/// the read state's own model.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Member {
-    last_acked_id: u64,
-    last_message_id: u64,
-    mention_count: u16,
-    /// Counted per member: every message in a channel counted per member;
-    /// before the switch in one counted by channel.
-    unread_count: u16,
-    muted: bool,
-}
-
-impl Member {
-    fn of(e: &ReadState) -> Member {
-        Member {
-            last_acked_id: e.last_acked_id,
-            last_message_id: e.last_message_id,
-            mention_count: e.mention_count,
-            unread_count: e.unread_count,
-            muted: e.muted,
-        }
-    }
-
-    fn read_up_to(&mut self, id: u64) {
-        *self = Member {
-            last_acked_id: id,
-            last_message_id: self.last_message_id.max(id),
-            mention_count: 0,
-            unread_count: 0,
-            muted: self.muted,
-        };
-    }
-
-    fn counted_up_to(&self) -> u64 {
-        self.last_acked_id.max(self.last_message_id)
-    }
-}
 
 /// A channel counted by channel in the model: every message it ever took
 /// (deleted or not), with no cap.

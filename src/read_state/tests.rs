@@ -393,18 +393,19 @@ fn from_stored_is_clean_and_sorted() {
     );
 }
 
-/// The model: what a read state is, without any of the bookkeeping.
+/// The model: what a read state is, without any of the bookkeeping (also
+/// the per-member part of the model of counting by channel).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct ModelState {
-    last_acked_id: u64,
-    last_message_id: u64,
-    mention_count: u16,
-    unread_count: u16,
-    muted: bool,
+pub(crate) struct ModelState {
+    pub last_acked_id: u64,
+    pub last_message_id: u64,
+    pub mention_count: u16,
+    pub unread_count: u16,
+    pub muted: bool,
 }
 
 impl ModelState {
-    fn of(e: &ReadState) -> ModelState {
+    pub fn of(e: &ReadState) -> ModelState {
         ModelState {
             last_acked_id: e.last_acked_id,
             last_message_id: e.last_message_id,
@@ -414,11 +415,15 @@ impl ModelState {
         }
     }
 
-    fn read_up_to(&mut self, id: u64) {
+    pub fn read_up_to(&mut self, id: u64) {
         self.last_acked_id = id;
         self.last_message_id = self.last_message_id.max(id);
         self.mention_count = 0;
         self.unread_count = 0;
+    }
+
+    pub fn counted_up_to(&self) -> u64 {
+        self.last_acked_id.max(self.last_message_id)
     }
 }
 
