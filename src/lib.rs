@@ -6,7 +6,8 @@
 //! - [`app`]: wires the parts together and runs them; `main.rs` only calls it
 //!   ([`ring_command`] for `readstates ring`).
 //! - [`read_state`]: the domain, its rules and per-user versions;
-//!   [`channel_state`]: a channel counted by channel (`docs/counting.md`).
+//!   [`channel_state`]: a channel counted by channel (`docs/counting.md`),
+//!   held by a node and written behind in [`channel_states`].
 //! - [`cache`]: sharded LRU of users, loading on miss; only the users of
 //!   slots this node serves ([`ownership`]).
 //! - [`write_behind`]: writes changed users to the store after a delay.
@@ -34,6 +35,7 @@
 pub mod app;
 pub mod cache;
 pub mod channel_state;
+pub mod channel_states;
 pub mod clock;
 pub mod cluster;
 pub mod config;

@@ -113,6 +113,8 @@ pub struct FaultyStore {
     most_writes_under_way: AtomicUsize,
     /// Writes the inner store took, in order.
     written: Mutex<Vec<UserWrite>>,
+    /// Channel states the inner store took, in order.
+    written_channels: Mutex<Vec<ChannelState>>,
 }
 
 impl FaultyStore {
@@ -130,6 +132,7 @@ impl FaultyStore {
             writes_under_way: AtomicUsize::new(0),
             most_writes_under_way: AtomicUsize::new(0),
             written: Mutex::new(Vec::new()),
+            written_channels: Mutex::new(Vec::new()),
         }
     }
 
@@ -166,6 +169,12 @@ impl FaultyStore {
     /// The most writes that were under way at once.
     pub fn most_writes_under_way(&self) -> usize {
         self.most_writes_under_way.load(Ordering::SeqCst)
+    }
+
+    /// Channel writes the inner store took, in order.
+    pub fn channel_writes(&self) -> Vec<ChannelState> {
+        let written = self.written_channels.lock();
+        written.unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Writes the inner store took, in order.
@@ -261,7 +270,22 @@ impl Store for FaultyStore {
     }
 
     async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
-        self.decide(Operation::Write, channel.channel_id()).await?;
-        self.inner.write_channel(channel).await
+        let result = async {
+            self.decide(Operation::Write, channel.channel_id()).await?;
+            self.inner.write_channel(channel).await
+        }
+        .await;
+        match &result {
+            Ok(()) => {
+                let written = self.written_channels.lock();
+                written
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(channel.clone());
+            }
+            Err(_) => {
+                self.failed_writes.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        result
     }
 }

@@ -1,0 +1,246 @@
+//! The channels counted by channel that this node holds, and their
+//! write-behind.
+//!
+//! Every such channel is held (they are few: only channels the backend
+//! switched, about 8 KiB each), all loaded at start. A change runs under one
+//! lock and never across an `.await`; a reader (a user's counts, under the
+//! user's shard lock) takes it shared, and a writer never takes a shard lock
+//! while holding it, so the two cannot deadlock.
+//!
+//! Write-behind as for users: a changed channel is written `write_delay`
+//! after its first unwritten change, so a busy channel's messages coalesce
+//! into one write per window. A write stores a snapshot and marks exactly
+//! that version written; a change made meanwhile is written in the next
+//! window. A failed write is retried with backoff and the change stays
+//! unwritten until it succeeds. [`ChannelStates::flush`] (at shutdown)
+//! writes everything still unwritten.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::channel_state::ChannelState;
+use crate::store::{Store, StoreError};
+
+/// The first retry of a failed write waits this long, doubling up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub struct ChannelStates {
+    store: Arc<dyn Store>,
+    write_delay: Duration,
+    held: RwLock<Held>,
+    /// Wakes the writer when a channel has its first unwritten change.
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    channels: HashMap<u64, ChannelState>,
+    unwritten: HashMap<u64, Unwritten>,
+}
+
+/// A channel with changes the store does not hold yet.
+#[derive(Clone, Copy, Debug)]
+struct Unwritten {
+    /// When the next write of it is due.
+    due: Instant,
+    /// Writes of it that failed in a row, for the backoff.
+    failures: u32,
+}
+
+/// A switch that was not applied: the channel is counted by channel
+/// already, from another message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwitchedAlready {
+    pub counted_from: u64,
+}
+
+impl ChannelStates {
+    /// Loads every channel counted by channel from `store`.
+    pub async fn load(
+        store: Arc<dyn Store>,
+        write_delay: Duration,
+    ) -> Result<Arc<ChannelStates>, StoreError> {
+        let channels = store.load_channels().await?;
+        let held = Held {
+            channels: channels.into_iter().map(|c| (c.channel_id(), c)).collect(),
+            unwritten: HashMap::new(),
+        };
+        Ok(Arc::new(ChannelStates {
+            store,
+            write_delay,
+            held: RwLock::new(held),
+            changed: Notify::new(),
+        }))
+    }
+
+    /// Runs `read` over every channel counted by channel.
+    pub fn read<R>(&self, read: impl FnOnce(&HashMap<u64, ChannelState>) -> R) -> R {
+        read(&self.held().channels)
+    }
+
+    /// Switches `channel_id` to counting by channel from `counted_from`.
+    /// Returns whether it changed anything: a retry of the same switch does
+    /// not; a switch from another message is refused.
+    pub fn switch(
+        &self,
+        channel_id: u64,
+        counted_from: u64,
+        now_us: u64,
+    ) -> Result<bool, SwitchedAlready> {
+        let mut held = self.held_mut();
+        if let Some(channel) = held.channels.get(&channel_id) {
+            return match channel.counted_from() {
+                from if from == counted_from => Ok(false),
+                from => Err(SwitchedAlready { counted_from: from }),
+            };
+        }
+        let channel = ChannelState::switched(channel_id, counted_from, now_us);
+        held.channels.insert(channel_id, channel);
+        self.mark_unwritten(&mut held, channel_id);
+        Ok(true)
+    }
+
+    /// Runs `change` on `channel_id`'s state, if the channel is counted by
+    /// channel; a change that raised its version is written behind.
+    pub fn update<R>(
+        &self,
+        channel_id: u64,
+        change: impl FnOnce(&mut ChannelState) -> R,
+    ) -> Option<R> {
+        let mut held = self.held_mut();
+        let channel = held.channels.get_mut(&channel_id)?;
+        let before = channel.version();
+        let result = change(channel);
+        if channel.version() != before {
+            self.mark_unwritten(&mut held, channel_id);
+        }
+        Some(result)
+    }
+
+    /// Channels with changes the store does not hold yet.
+    pub fn unwritten(&self) -> usize {
+        self.held().unwritten.len()
+    }
+
+    /// Writes channels as they fall due until `stop`.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            let next = self.held().unwritten.values().map(|u| u.due).min();
+            let wait = async {
+                match next {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = self.changed.notified() => continue,
+                () = wait => {}
+            }
+            let now = Instant::now();
+            let due: Vec<ChannelState> = {
+                let held = self.held();
+                (held.unwritten.iter())
+                    .filter(|(_, u)| u.due <= now)
+                    .filter_map(|(id, _)| held.channels.get(id).cloned())
+                    .collect()
+            };
+            for channel in due {
+                self.write(channel).await;
+            }
+        }
+    }
+
+    /// Writes every unwritten channel, retrying failed writes until none is
+    /// left or `timeout` passes. Returns how many are left unwritten.
+    pub async fn flush(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut retry = RETRY_MIN;
+        loop {
+            let unwritten: Vec<ChannelState> = {
+                let held = self.held();
+                (held.unwritten.keys())
+                    .filter_map(|id| held.channels.get(id).cloned())
+                    .collect()
+            };
+            if unwritten.is_empty() {
+                return 0;
+            }
+            let mut failed = false;
+            for channel in unwritten {
+                failed |= !self.write(channel).await;
+            }
+            if failed {
+                if Instant::now() + retry > deadline {
+                    return self.unwritten();
+                }
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+
+    /// Writes one snapshot and marks what it held written. Returns whether
+    /// the write succeeded.
+    async fn write(&self, snapshot: ChannelState) -> bool {
+        let result = self.store.write_channel(&snapshot).await;
+        let id = snapshot.channel_id();
+        let mut held = self.held_mut();
+        let now = Instant::now();
+        let current = held.channels.get(&id).map_or(0, ChannelState::version);
+        let Some(unwritten) = held.unwritten.get_mut(&id) else {
+            return result.is_ok();
+        };
+        match result {
+            Ok(()) if current == snapshot.version() => {
+                held.unwritten.remove(&id);
+                true
+            }
+            Ok(()) => {
+                // Changed while being written: the rest in the next window.
+                *unwritten = Unwritten {
+                    due: now + self.write_delay,
+                    failures: 0,
+                };
+                true
+            }
+            Err(e) => {
+                unwritten.failures += 1;
+                let backoff = RETRY_MIN * 2u32.saturating_pow(unwritten.failures - 1);
+                unwritten.due = now + backoff.min(RETRY_MAX);
+                tracing::warn!(channel_id = id, error = %e, "channel write failed; retrying");
+                false
+            }
+        }
+    }
+
+    fn mark_unwritten(&self, held: &mut Held, channel_id: u64) {
+        if held.unwritten.contains_key(&channel_id) {
+            return;
+        }
+        let due = Instant::now() + self.write_delay;
+        held.unwritten
+            .insert(channel_id, Unwritten { due, failures: 0 });
+        self.changed.notify_one();
+    }
+
+    fn held(&self) -> RwLockReadGuard<'_, Held> {
+        // A panic elsewhere while holding the lock leaves plain data behind.
+        self.held.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn held_mut(&self) -> RwLockWriteGuard<'_, Held> {
+        self.held.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;
