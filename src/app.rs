@@ -113,6 +113,12 @@ impl Application {
             Arc::new(Instrumented::new(store)),
             ownership,
         );
+        // Few (only the channels the backend switched), and every user's
+        // counts may read one: all of them, before serving.
+        let channels = cache.channels().load_stored().await?;
+        if channels > 0 {
+            tracing::info!(channels, "channels counted by channel loaded");
+        }
         let tls = config.tls_files().map(Tls::load).transpose()?;
         if let (Some(tls), Some(_)) = (&tls, &config.node_id) {
             tls.check_node_certificate()?;

@@ -24,6 +24,7 @@ use futures::StreamExt;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
 
+use crate::channel_states::ChannelStates;
 use crate::clock;
 use crate::config::Config;
 use crate::error::Error;
@@ -109,6 +110,9 @@ pub struct Cache {
     gate: ChangeGate,
     /// The slots this node serves (all of them when standalone).
     ownership: Arc<Ownership>,
+    /// The channels counted by channel, which users' counts read (see
+    /// [`crate::channel_states`]).
+    channels: Arc<ChannelStates>,
 }
 
 impl Cache {
@@ -127,12 +131,18 @@ impl Cache {
         let per_shard = config.capacity.div_ceil(shards).max(1);
         let deletions_per_shard = config.deletion_capacity.div_ceil(shards);
         let evicted_total = Arc::new(AtomicUsize::new(0));
+        let channels = ChannelStates::new(store.clone(), config.write_delay);
         Arc::new(Cache {
             shards: (0..shards)
                 .map(|_| {
                     let deletions =
                         RecentDeletions::new(config.deletion_window, deletions_per_shard);
-                    Mutex::new(Shard::new(per_shard, evicted_total.clone(), deletions))
+                    Mutex::new(Shard::new(
+                        per_shard,
+                        evicted_total.clone(),
+                        deletions,
+                        channels.clone(),
+                    ))
                 })
                 .collect(),
             wakers: (0..shards).map(|_| Notify::new()).collect(),
@@ -142,11 +152,18 @@ impl Cache {
             evicted_total,
             gate: ChangeGate::default(),
             ownership,
+            channels,
         })
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The channels counted by channel (none until loaded, see
+    /// [`ChannelStates::load_stored`], or switched).
+    pub fn channels(&self) -> &Arc<ChannelStates> {
+        &self.channels
     }
 
     /// Reads a user's read states.
@@ -195,25 +212,40 @@ impl Cache {
     pub async fn update_many<R>(
         self: &Arc<Self>,
         user_ids: &[u64],
-        mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
+        f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<Vec<R>, Error> {
-        self.change_many(user_ids, |shard, index, user_id, now_us| {
+        let ((), results) = self.update_many_after(user_ids, |_| (), f).await?;
+        Ok(results)
+    }
+
+    /// [`Cache::update_many`], with a change to a channel's state (`first`,
+    /// given the clock) made before the users' in the same step: once every
+    /// user is loaded and pinned, inside the gate, so that it is made only
+    /// with the users' changes, and refused with them at shutdown.
+    pub async fn update_many_after<T, R>(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        first: impl FnOnce(u64) -> T,
+        mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
+    ) -> Result<(T, Vec<R>), Error> {
+        self.change_many(user_ids, first, |shard, index, user_id, now_us| {
             self.apply_change(shard, user_id, |user| f(index, user, now_us))
         })
         .await
     }
 
-    /// [`Cache::update_many`] for a deleted message, which lowers each user
-    /// at most once: `f` runs only for users not lowered for `deletion`
+    /// [`Cache::update_many_after`] for a deleted message, which lowers each
+    /// user at most once: `f` runs only for users not lowered for `deletion`
     /// within the window (false for the others), and one it returns true
     /// for is remembered as lowered, in the same step.
-    pub async fn update_many_once(
+    pub async fn update_many_once<T>(
         self: &Arc<Self>,
         user_ids: &[u64],
         deletion: Deletion,
+        first: impl FnOnce(u64) -> T,
         mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> bool,
-    ) -> Result<Vec<bool>, Error> {
-        self.change_many(user_ids, |shard, index, user_id, now_us| {
+    ) -> Result<(T, Vec<bool>), Error> {
+        self.change_many(user_ids, first, |shard, index, user_id, now_us| {
             if shard.deletions.lowered(user_id, deletion) {
                 return Some((false, None));
             }
@@ -226,14 +258,16 @@ impl Cache {
         .await
     }
 
-    /// The all-or-nothing frame of [`Cache::update_many`]: `change` runs for
-    /// each pinned user under its shard's lock, with its index and the
-    /// request's clock.
-    async fn change_many<R>(
+    /// The all-or-nothing frame of [`Cache::update_many_after`]: `first`
+    /// runs once every user is pinned and served, then `change` for each
+    /// pinned user under its shard's lock, with its index and the request's
+    /// clock, all without an `.await`.
+    async fn change_many<T, R>(
         self: &Arc<Self>,
         user_ids: &[u64],
+        first: impl FnOnce(u64) -> T,
         mut change: impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
-    ) -> Result<Vec<R>, Error> {
+    ) -> Result<(T, Vec<R>), Error> {
         self.check_unwritten()?;
         let pins = self.pin_all(user_ids).await?;
         let entry = self.gate.enter()?;
@@ -255,6 +289,7 @@ impl Cache {
         // One clock read for the whole request: each user's version still
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
+        let first = first(now_us);
         let mut results = Vec::with_capacity(user_ids.len());
         let mut writes = Vec::new();
         for (index, &user_id) in user_ids.iter().enumerate() {
@@ -278,7 +313,7 @@ impl Cache {
         drop(entry);
         pins.let_go();
         self.write_through(writes).await?;
-        Ok(results)
+        Ok((first, results))
     }
 
     /// Applies a change to a held user; in write-through mode, also takes

@@ -73,6 +73,38 @@ pub trait Channels {
     fn counts_key(&self, key: Key) -> bool {
         self.get_key(key).is_some()
     }
+
+    /// `state` as a client sees it: in a channel counted by channel, its
+    /// unread count is counted now.
+    fn shown(&self, state: &ReadState) -> Shown {
+        match self.of(state) {
+            Some(channel) => {
+                let unread = channel.unread(state);
+                Shown {
+                    state: ReadState {
+                        unread_count: unread.count,
+                        ..*state
+                    },
+                    unread_capped: unread.capped,
+                }
+            }
+            None => Shown {
+                state: *state,
+                unread_capped: false,
+            },
+        }
+    }
+}
+
+/// A read state as a client sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shown {
+    /// With its whole unread count, counted now in a channel counted by
+    /// channel.
+    pub state: ReadState,
+    /// At least `state.unread_count` messages are unread (see
+    /// [`Unread::capped`]).
+    pub unread_capped: bool,
 }
 
 /// No channel is counted by channel.

@@ -16,14 +16,16 @@
 //! writes everything still unwritten.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel_state::ChannelState;
+use crate::channel_state::{ChannelState, Channels};
+use crate::read_state::Key;
 use crate::store::{Store, StoreError};
 
 /// The first retry of a failed write waits this long, doubling up to
@@ -31,11 +33,17 @@ use crate::store::{Store, StoreError};
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// What a node with no channel counted by channel reads, without a lock.
+static NONE: LazyLock<HashMap<u64, ChannelState>> = LazyLock::new(HashMap::new);
+
 #[derive(Debug)]
 pub struct ChannelStates {
     store: Arc<dyn Store>,
     write_delay: Duration,
     held: RwLock<Held>,
+    /// Some channel is counted by channel: until one is, a read takes no
+    /// lock (every request reads, and few nodes ever hold one).
+    any: AtomicBool,
     /// Wakes the writer when a channel has its first unwritten change.
     changed: Notify,
 }
@@ -63,27 +71,68 @@ pub struct SwitchedAlready {
 }
 
 impl ChannelStates {
+    /// None yet: [`Self::load_stored`] loads what `store` holds.
+    pub fn new(store: Arc<dyn Store>, write_delay: Duration) -> Arc<ChannelStates> {
+        Arc::new(ChannelStates {
+            store,
+            write_delay,
+            held: RwLock::default(),
+            any: AtomicBool::new(false),
+            changed: Notify::new(),
+        })
+    }
+
     /// Loads every channel counted by channel from `store`.
     pub async fn load(
         store: Arc<dyn Store>,
         write_delay: Duration,
     ) -> Result<Arc<ChannelStates>, StoreError> {
-        let channels = store.load_channels().await?;
-        let held = Held {
-            channels: channels.into_iter().map(|c| (c.channel_id(), c)).collect(),
-            unwritten: HashMap::new(),
-        };
-        Ok(Arc::new(ChannelStates {
-            store,
-            write_delay,
-            held: RwLock::new(held),
-            changed: Notify::new(),
-        }))
+        let channels = ChannelStates::new(store, write_delay);
+        channels.load_stored().await?;
+        Ok(channels)
+    }
+
+    /// Takes in what the store holds: a stored channel replaces the one
+    /// held only if it is newer.
+    pub async fn load_stored(&self) -> Result<usize, StoreError> {
+        let stored = self.store.load_channels().await?;
+        let count = stored.len();
+        let mut held = self.held_mut();
+        for channel in stored {
+            let id = channel.channel_id();
+            if held
+                .channels
+                .get(&id)
+                .is_none_or(|c| c.version() < channel.version())
+            {
+                held.channels.insert(id, channel);
+            }
+        }
+        self.any.store(!held.channels.is_empty(), Ordering::Release);
+        Ok(count)
     }
 
     /// Runs `read` over every channel counted by channel.
     pub fn read<R>(&self, read: impl FnOnce(&HashMap<u64, ChannelState>) -> R) -> R {
+        if !self.any.load(Ordering::Acquire) {
+            return read(&NONE);
+        }
         read(&self.held().channels)
+    }
+
+    /// Where the read states of `key` are counted by channel from, if they
+    /// are (see [`ChannelState::counted_from`]).
+    pub fn counted_from(&self, key: Key) -> Option<u64> {
+        self.read(|channels| channels.get_key(key).map(ChannelState::counted_from))
+    }
+
+    /// Channels counted by channel.
+    pub fn len(&self) -> usize {
+        self.held().channels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Switches `channel_id` to counting by channel from `counted_from`.
@@ -104,6 +153,7 @@ impl ChannelStates {
         }
         let channel = ChannelState::switched(channel_id, counted_from, now_us);
         held.channels.insert(channel_id, channel);
+        self.any.store(true, Ordering::Release);
         self.mark_unwritten(&mut held, channel_id);
         Ok(true)
     }

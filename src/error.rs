@@ -69,6 +69,15 @@ pub enum Error {
     /// A `HandOver` that broke off or did not add up: nothing of it is kept.
     #[error("handoff broken: {0}")]
     HandoffBroken(String),
+    /// A channel switched to counting by channel from another message: a
+    /// switch is made once.
+    #[error(
+        "channel {channel_id} is counted by channel from message {counted_from} already; a channel is switched once"
+    )]
+    SwitchedAlready { channel_id: u64, counted_from: u64 },
+    /// What a node of a fleet does not do yet.
+    #[error("{0} is not served by a node of a fleet yet")]
+    NotOnAFleet(&'static str),
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -95,7 +104,10 @@ impl Error {
             | Error::Unrelayed { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
-            Error::NotReleased { .. } | Error::HandoffRefused { .. } => Code::FailedPrecondition,
+            Error::NotReleased { .. }
+            | Error::HandoffRefused { .. }
+            | Error::SwitchedAlready { .. }
+            | Error::NotOnAFleet(_) => Code::FailedPrecondition,
             Error::HandoffBroken(_) => Code::Aborted,
         }
     }

@@ -23,6 +23,7 @@ mod recipients;
 pub mod release_slots;
 pub mod route;
 mod scatter;
+mod set_channel_counting;
 mod set_muted;
 pub mod validate;
 mod watch;
@@ -101,6 +102,7 @@ struct Methods {
     ack_all: MethodMetrics,
     message_deleted: MethodMetrics,
     set_muted: MethodMetrics,
+    set_channel_counting: MethodMetrics,
     watch: MethodMetrics,
     apply: MethodMetrics,
     get_routing_table: MethodMetrics,
@@ -118,6 +120,7 @@ impl Methods {
             ack_all: MethodMetrics::new("AckAll", node),
             message_deleted: MethodMetrics::new("MessageDeleted", node),
             set_muted: MethodMetrics::new("SetMuted", node),
+            set_channel_counting: MethodMetrics::new("SetChannelCounting", node),
             watch: MethodMetrics::new("Watch", node),
             apply: MethodMetrics::new("Apply", node),
             get_routing_table: MethodMetrics::new("GetRoutingTable", node),
@@ -468,6 +471,30 @@ impl ReadStates for ReadStatesService {
     ) -> Result<Response<SetMutedResponse>, Status> {
         self.call_routed(&self.metrics.set_muted, request, set_muted::handle)
             .await
+    }
+
+    /// Not on a fleet yet: every node would need the channel's state, and
+    /// its owner does not send it to them yet.
+    async fn set_channel_counting(
+        &self,
+        request: Request<SetChannelCountingRequest>,
+    ) -> Result<Response<SetChannelCountingResponse>, Status> {
+        let started = Instant::now();
+        let budget = deadline::budget(request.metadata());
+        let result = match self.router {
+            Some(_) => Err(Error::NotOnAFleet("counting by channel")),
+            None => {
+                self.run(request.into_inner(), budget, &set_channel_counting::handle)
+                    .await
+            }
+        };
+        let code = result
+            .as_ref()
+            .map_or_else(Error::code, |_| tonic::Code::Ok);
+        self.metrics
+            .set_channel_counting
+            .record(code, started.elapsed());
+        result.map(Response::new).map_err(Status::from)
     }
 
     type WatchStream = watch::WatchStream;

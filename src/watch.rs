@@ -16,9 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel_state::NoChannels;
+use crate::channel_state::{Channels, Shown};
 use crate::error::Error;
-use crate::read_state::{Counts, Key, ReadState, UserView};
+use crate::read_state::{Counts, Key, UserView};
 
 /// One change of one user (or, on subscribe, what changed since the
 /// subscriber's version), with the user's totals after it.
@@ -29,7 +29,8 @@ pub struct Change {
     pub version: u64,
     /// False: `read_states` is the full set and replaces what the client holds.
     pub partial: bool,
-    pub read_states: Vec<ReadState>,
+    /// As clients see them: counted now in a channel counted by channel.
+    pub read_states: Vec<Shown>,
     pub deleted: Vec<Key>,
     pub counts: Counts,
 }
@@ -37,16 +38,23 @@ pub struct Change {
 impl Change {
     /// What changed in `user` after version `since`: its delta, as
     /// GetReadStates answers it.
-    pub fn since<'a>(user_id: u64, user: impl Into<UserView<'a>>, since: u64) -> Change {
+    pub fn since<'a>(
+        user_id: u64,
+        user: impl Into<UserView<'a>>,
+        since: u64,
+        channels: &impl Channels,
+    ) -> Change {
         let user = user.into();
-        let delta = user.delta(since, &NoChannels);
+        let delta = user.delta(since, channels);
         Change {
             user_id,
             version: user.version(),
             partial: delta.partial,
-            read_states: delta.read_states.into_iter().copied().collect(),
+            read_states: (delta.read_states.into_iter())
+                .map(|state| channels.shown(state))
+                .collect(),
             deleted: delta.deleted,
-            counts: user.counts(&NoChannels),
+            counts: user.counts(channels),
         }
     }
 }

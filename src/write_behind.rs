@@ -15,7 +15,8 @@
 //!
 //! [`WriteBehind::shutdown`] closes the cache to changes, then writes until
 //! nothing is unwritten and no write is under way, giving up only at its
-//! deadline.
+//! deadline. The channels counted by channel are written behind by their
+//! own task ([`crate::channel_states`]), started and flushed here too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +50,8 @@ impl Default for WriteBehindConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShutdownReport {
     /// Changes still unwritten when the deadline passed (0: all written),
-    /// counted as [`Cache::unwritten`] counts them.
+    /// counted as [`Cache::unwritten`] counts them, plus channels counted
+    /// by channel.
     pub unwritten: usize,
 }
 
@@ -80,9 +82,11 @@ impl WriteBehind {
             give_up: CancellationToken::new(),
         });
         let stop = CancellationToken::new();
-        let schedulers = (0..writer.cache.shard_count())
+        let mut schedulers: Vec<JoinHandle<()>> = (0..writer.cache.shard_count())
             .map(|index| tokio::spawn(writer.clone().schedule(index, stop.clone())))
             .collect();
+        let channels = writer.cache.channels().clone();
+        schedulers.push(tokio::spawn(channels.run(stop.clone())));
         WriteBehind {
             writer,
             schedulers,
@@ -124,13 +128,17 @@ impl WriteBehind {
                 }
             }
         };
+        let deadline = Instant::now() + timeout;
         if tokio::time::timeout(timeout, drain).await.is_err() {
             writer.give_up.cancel();
             writer.writes_under_way.close();
             writer.writes_under_way.wait().await;
         }
+        // Channels counted by channel, in what is left of the time.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let channels = cache.channels().flush(left).await;
         ShutdownReport {
-            unwritten: cache.unwritten(),
+            unwritten: cache.unwritten() + channels,
         }
     }
 }

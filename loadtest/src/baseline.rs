@@ -30,6 +30,7 @@ impl BaselineService {
             version: 1_700_000_000_000_000,
             last_message_id: 1_234_567_890_123,
             muted: false,
+            unread_capped: false,
         };
         BaselineService {
             read_states: GetReadStatesResponse {
@@ -60,6 +61,13 @@ impl ReadStates for BaselineService {
             version: self.one.version,
             read_state: Some(self.one),
         }))
+    }
+
+    async fn set_channel_counting(
+        &self,
+        _: Request<SetChannelCountingRequest>,
+    ) -> Result<Response<SetChannelCountingResponse>, Status> {
+        Ok(Response::new(SetChannelCountingResponse { applied: true }))
     }
 
     async fn bulk_ack(

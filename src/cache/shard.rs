@@ -20,6 +20,7 @@ use tokio::time::{Duration, Instant};
 
 use super::arena::{Arena, Block, Stored};
 use super::users::{CachedUser, Flags, Slot, Users};
+use crate::channel_states::ChannelStates;
 use crate::read_state::{Entries, UserReadStates, UserView};
 use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
@@ -145,6 +146,10 @@ pub(crate) struct Shard {
     /// The deleted messages this shard's users were lowered for (kept apart
     /// from the users: it outlives their eviction).
     pub(crate) deletions: RecentDeletions,
+    /// The channels counted by channel, whose counts a change published to
+    /// a Watch stream carries (read under this shard's lock; see
+    /// [`crate::channel_states`] for why that cannot deadlock).
+    channels: Arc<ChannelStates>,
 }
 
 impl Shard {
@@ -152,6 +157,7 @@ impl Shard {
         capacity: usize,
         evicted_total: Arc<AtomicUsize>,
         deletions: RecentDeletions,
+        channels: Arc<ChannelStates>,
     ) -> Shard {
         Shard {
             users: Users::new(),
@@ -172,6 +178,7 @@ impl Shard {
             watchers: HashMap::new(),
             epoch: Instant::now(),
             deletions,
+            channels,
         }
     }
 
@@ -279,13 +286,16 @@ impl Shard {
     ) -> Option<R> {
         let slot = self.hold(user_id)?;
         let watched = self.users.get(slot).is(Flags::WATCHED);
+        let channels = watched.then(|| self.channels.clone());
         let (result, changed) = self.with_states(slot, |states| {
             let (len, version) = (weight(states), states.version());
             let result = f(states);
             if states.version() == version {
                 return (result, None);
             }
-            let change = watched.then(|| Change::since(user_id, &*states, version));
+            let change = channels.map(|channels| {
+                channels.read(|channels| Change::since(user_id, &*states, version, channels))
+            });
             let after = (weight(states), states.unwritten_change());
             (result, Some((len, after, change)))
         });
@@ -327,7 +337,8 @@ impl Shard {
     /// from `since`. `None` if the user is not held.
     pub(crate) fn subscribe(&mut self, user_id: u64, feed: &Arc<Feed>, since: u64) -> Option<()> {
         let slot = self.hold(user_id)?;
-        let change = Change::since(user_id, self.view(slot), since);
+        let view = self.view(slot);
+        let change = (self.channels).read(|channels| Change::since(user_id, view, since, channels));
         let version = change.version;
         let subscribers = self.watchers.entry(user_id).or_default();
         subscribers.retain(|s| !Arc::ptr_eq(&s.feed, feed));
@@ -852,7 +863,9 @@ mod tests {
     #[test]
     fn a_user_pinned_more_than_its_record_counts_stays_until_the_last_pin() {
         let deletions = RecentDeletions::new(Duration::from_secs(1), 1);
-        let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)), deletions);
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let channels = ChannelStates::new(store, Duration::ZERO);
+        let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)), deletions, channels);
         let pins = u32::from(u16::MAX) + 5;
         shard.insert_loaded(1, user_with(10), pins);
         for _ in 1..pins {

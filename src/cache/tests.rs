@@ -517,11 +517,15 @@ mod release {
             .unwrap();
         let lower = |cache: Arc<Cache>| async move {
             cache
-                .update_many_once(&[1], deletion, |_, user, now| {
-                    user.message_deleted(Key::channel(5), 61, false, now)
-                })
+                .update_many_once(
+                    &[1],
+                    deletion,
+                    |_| (),
+                    |_, user, now| user.message_deleted(Key::channel(5), 61, false, now),
+                )
                 .await
                 .unwrap()
+                .1
         };
         assert_eq!(lower(sender.clone()).await, [true]);
         let before = sender

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use super::validate;
+use super::{convert, validate};
 use crate::cache::Cache;
+use crate::channel_state::Channels;
 use crate::error::Error;
 use crate::proto::{AckRequest, AckResponse};
 use crate::read_state::{Key, saturated_count};
@@ -17,25 +18,29 @@ pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckRespons
     if !request.manual {
         validate::id("message_id", request.message_id)?;
     }
+    let channels = cache.channels().clone();
     cache
         .update(user_id, |user, now_us| {
-            let applied = if request.manual {
-                user.manual_ack(
-                    key,
-                    request.message_id,
-                    saturated_count(request.mention_count),
-                    saturated_count(request.unread_count),
-                    now_us,
-                );
-                true
-            } else {
-                user.ack(key, request.message_id, now_us).is_some()
-            };
-            AckResponse {
-                applied,
-                version: user.version(),
-                read_state: user.get(key).map(Into::into),
-            }
+            channels.read(|channels| {
+                let applied = if request.manual {
+                    // In a channel counted by channel, the read state keeps
+                    // only what the channel does not count.
+                    let unread = saturated_count(request.unread_count);
+                    let unread = channels.get_key(key).map_or(unread, |channel| {
+                        channel.per_member_part(request.message_id, unread)
+                    });
+                    let mentions = saturated_count(request.mention_count);
+                    user.manual_ack(key, request.message_id, mentions, unread, now_us);
+                    true
+                } else {
+                    user.ack(key, request.message_id, now_us).is_some()
+                };
+                AckResponse {
+                    applied,
+                    version: user.version(),
+                    read_state: user.get(key).map(|s| convert::shown(s, channels)),
+                }
+            })
         })
         .await
 }

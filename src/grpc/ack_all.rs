@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
-use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{AckAllRequest, AckAllResponse};
 use crate::read_state::Kind;
@@ -19,9 +18,10 @@ pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllR
         .enumerate()
         .map(|(i, &kind)| validate::kind(format_args!("kinds[{i}]"), kind))
         .collect::<Result<Vec<Kind>, Error>>()?;
+    let channels = cache.channels().clone();
     cache
         .update(user_id, |user, now_us| {
-            let updated = user.ack_all(&kinds, now_us, &NoChannels);
+            let updated = channels.read(|channels| user.ack_all(&kinds, now_us, channels));
             AckAllResponse {
                 version: user.version(),
                 updated,

@@ -8,8 +8,9 @@
 //! is answered in the response of its batch; one that has to wait (a load,
 //! an owner elsewhere) waits without holding up the stream, and is
 //! answered in a later response when it is done. An item touching a user
-//! of an item under way is held until that one is done, so each user's
-//! changes apply in the order sent. At most [`MAX_ITEMS`] items are under
+//! (or a channel's messages) of an item under way is held until that one
+//! is done, so each user's changes, and each channel's messages, apply in
+//! the order sent. At most [`MAX_ITEMS`] items are under
 //! way or unsent per stream, and the task stops reading past them, or when
 //! the client does not read its results: memory per stream stays bounded,
 //! and the client is slowed by flow control. Shutdown answers the items
@@ -194,18 +195,29 @@ async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender
     }
 }
 
+/// What an item is kept in order with: the items before it that touch
+/// the same user, or carry a message of the same channel (a channel
+/// counted by channel takes its messages in id order, and such a message
+/// may name no user).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Ordered {
+    User(u64),
+    Channel(u64),
+}
+
 /// An item read and not begun.
 struct Item {
     id: u64,
     change: Option<Change>,
-    /// The users it touches.
-    users: Vec<u64>,
+    /// What it is kept in order with.
+    users: Vec<Ordered>,
     started: Instant,
     until: Option<Instant>,
 }
 
-/// An item that was waiting, done: its id, users and outcome.
-type Done = (u64, Vec<u64>, Outcome);
+/// An item that was waiting, done: its id, what it is ordered with, and
+/// its outcome.
+type Done = (u64, Vec<Ordered>, Outcome);
 
 type Waiting<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Done> + Send + 'a>>>;
 
@@ -216,13 +228,13 @@ struct Items<'a> {
     hop: Hop,
     /// Begun, waiting for a load or another node.
     waiting: Waiting<'a>,
-    /// Per user, how many items in `waiting` touch it.
-    busy: HashMap<u64, usize>,
+    /// Per user (or channel), how many items in `waiting` touch it.
+    busy: HashMap<Ordered, usize>,
     /// Not begun: each touches a user of an item waiting or held before
     /// it, in the order read.
     held: VecDeque<Item>,
-    /// Per user, how many items in `held` touch it.
-    held_users: HashMap<u64, usize>,
+    /// Per user (or channel), how many items in `held` touch it.
+    held_users: HashMap<Ordered, usize>,
     /// Answered, not sent yet.
     answered: Vec<ApplyResult>,
 }
@@ -396,7 +408,7 @@ impl<'a> Items<'a> {
 }
 
 /// One count of `user` in `counts` less; whether that was its last.
-fn release(counts: &mut HashMap<u64, usize>, user: u64) -> bool {
+fn release(counts: &mut HashMap<Ordered, usize>, user: Ordered) -> bool {
     let Some(count) = counts.get_mut(&user) else {
         return false;
     };
@@ -471,26 +483,35 @@ impl ReadStatesService {
 }
 
 /// The users an item touches, as its request names them (the ids of an
-/// invalid one too: it fails anyway).
-fn touched(item: &ApplyItem) -> Vec<u64> {
+/// invalid one too: it fails anyway), and the channel of a message.
+fn touched(item: &ApplyItem) -> Vec<Ordered> {
+    let users = |ids: &mut dyn Iterator<Item = u64>| ids.map(Ordered::User).collect::<Vec<_>>();
     match &item.change {
-        Some(Change::Ack(r)) => vec![r.user_id],
-        Some(Change::BulkAck(r)) => vec![r.user_id],
-        Some(Change::AckAll(r)) => vec![r.user_id],
-        Some(Change::SetMuted(r)) => vec![r.user_id],
-        Some(Change::DeleteReadStates(r)) => vec![r.user_id],
-        Some(Change::MessageCreated(r)) => [r.author_id]
-            .into_iter()
-            .chain(r.mentioned_user_ids.iter().copied())
-            .chain(r.unread_user_ids.iter().copied())
-            .collect(),
-        Some(Change::MessageDeleted(r)) => r
-            .mentioned_user_ids
-            .iter()
-            .chain(&r.unread_user_ids)
-            .copied()
-            .collect(),
-        Some(Change::GetBadgeCounts(r)) => r.user_ids.clone(),
+        Some(Change::Ack(r)) => vec![Ordered::User(r.user_id)],
+        Some(Change::BulkAck(r)) => vec![Ordered::User(r.user_id)],
+        Some(Change::AckAll(r)) => vec![Ordered::User(r.user_id)],
+        Some(Change::SetMuted(r)) => vec![Ordered::User(r.user_id)],
+        Some(Change::DeleteReadStates(r)) => vec![Ordered::User(r.user_id)],
+        Some(Change::MessageCreated(r)) => {
+            let mut touched = users(
+                &mut [r.author_id]
+                    .into_iter()
+                    .chain(r.mentioned_user_ids.iter().copied())
+                    .chain(r.unread_user_ids.iter().copied()),
+            );
+            touched.push(Ordered::Channel(r.channel_id));
+            touched
+        }
+        Some(Change::MessageDeleted(r)) => {
+            let mut touched = users(
+                &mut (r.mentioned_user_ids.iter())
+                    .chain(&r.unread_user_ids)
+                    .copied(),
+            );
+            touched.push(Ordered::Channel(r.channel_id));
+            touched
+        }
+        Some(Change::GetBadgeCounts(r)) => users(&mut r.user_ids.iter().copied()),
         None => vec![],
     }
 }

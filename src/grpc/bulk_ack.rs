@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::validate;
+use super::{convert, validate};
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::proto::{BulkAckRequest, BulkAckResponse};
@@ -25,17 +25,18 @@ pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAc
             Ok((key, message_id))
         })
         .collect::<Result<Vec<_>, Error>>()?;
+    let channels = cache.channels().clone();
     cache
         .update(user_id, |user, now_us| {
             user.bulk_ack(&acks, now_us);
-            BulkAckResponse {
+            channels.read(|channels| BulkAckResponse {
                 version: user.version(),
                 read_states: acks
                     .iter()
                     .filter_map(|&(key, _)| user.get(key))
-                    .map(Into::into)
+                    .map(|s| convert::shown(s, channels))
                     .collect(),
-            }
+            })
         })
         .await
 }

@@ -1,7 +1,23 @@
 //! Domain types to protobuf messages.
 
+use crate::channel_state::{Channels, Shown};
 use crate::proto;
 use crate::read_state::{Key, ReadState};
+
+/// `state` as a client sees it: in a channel counted by channel, its unread
+/// count counted now.
+pub fn shown(state: &ReadState, channels: &impl Channels) -> proto::ReadState {
+    (&channels.shown(state)).into()
+}
+
+impl From<&Shown> for proto::ReadState {
+    fn from(shown: &Shown) -> Self {
+        proto::ReadState {
+            unread_capped: shown.unread_capped,
+            ..proto::ReadState::from(&shown.state)
+        }
+    }
+}
 
 impl From<&ReadState> for proto::ReadState {
     fn from(state: &ReadState) -> Self {
@@ -14,6 +30,7 @@ impl From<&ReadState> for proto::ReadState {
             version: state.version,
             last_message_id: state.last_message_id,
             muted: state.muted,
+            unread_capped: false,
         }
     }
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
-use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{BadgeCount, GetBadgeCountsRequest, GetBadgeCountsResponse};
 
@@ -20,8 +19,11 @@ pub async fn handle(
         validate::MAX_BADGE_USERS,
     )?;
     validate::ids("user_ids", &request.user_ids)?;
+    let channels = cache.channels().clone();
     let counts = cache
-        .read_many(&request.user_ids, |user| user.counts(&NoChannels))
+        .read_many(&request.user_ids, |user| {
+            channels.read(|channels| user.counts(channels))
+        })
         .await?;
     Ok(GetBadgeCountsResponse {
         counts: request

@@ -2,9 +2,8 @@
 
 use std::sync::Arc;
 
-use super::validate;
+use super::{convert, validate};
 use crate::cache::Cache;
-use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{GetReadStatesRequest, GetReadStatesResponse};
 
@@ -23,28 +22,31 @@ pub async fn handle(
     channels.sort_unstable();
     let wanted =
         |channel_id: u64| channels.is_empty() || channels.binary_search(&channel_id).is_ok();
+    let channels = cache.channels().clone();
     cache
         .read(user_id, |user| {
-            let delta = user.delta(request.since_version, &NoChannels);
-            let counts = user.counts(&NoChannels);
-            GetReadStatesResponse {
-                version: user.version(),
-                partial: delta.partial,
-                read_states: delta
-                    .read_states
-                    .into_iter()
-                    .filter(|s| wanted(s.channel_id))
-                    .map(Into::into)
-                    .collect(),
-                deleted: delta
-                    .deleted
-                    .into_iter()
-                    .filter(|k| wanted(k.channel_id))
-                    .map(Into::into)
-                    .collect(),
-                total_mention_count: counts.total_mention_count,
-                unread_channel_count: counts.unread_channel_count,
-            }
+            channels.read(|channels| {
+                let delta = user.delta(request.since_version, channels);
+                let counts = user.counts(channels);
+                GetReadStatesResponse {
+                    version: user.version(),
+                    partial: delta.partial,
+                    read_states: delta
+                        .read_states
+                        .into_iter()
+                        .filter(|s| wanted(s.channel_id))
+                        .map(|s| convert::shown(s, channels))
+                        .collect(),
+                    deleted: delta
+                        .deleted
+                        .into_iter()
+                        .filter(|k| wanted(k.channel_id))
+                        .map(Into::into)
+                        .collect(),
+                    total_mention_count: counts.total_mention_count,
+                    unread_channel_count: counts.unread_channel_count,
+                }
+            })
         })
         .await
 }

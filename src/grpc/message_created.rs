@@ -1,15 +1,18 @@
 //! `MessageCreated`: a new message raises the counts of the users it reaches
 //! and marks the channel read for its author. A redelivery counts nothing:
-//! each read state counts only messages past its watermark.
+//! each read state counts only messages past its watermark. In a channel
+//! counted by channel, the channel takes the message once (its members'
+//! unread counts are counted from it when read) and only the mentioned
+//! users and the author are changed.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::recipients::{Effect, recipients};
+use super::recipients::{Effect, counted_by_channel, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
-use crate::channel_state::NoChannels;
+use crate::channel_state::Channels;
 use crate::error::Error;
 use crate::proto::{MessageCreatedRequest, MessageCreatedResponse};
 use crate::read_state::Key;
@@ -29,15 +32,34 @@ pub async fn handle(
         &request.unread_user_ids,
     )?;
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
-    let changed = cache
-        .update_many(&user_ids, |index, user, now_us| match effects[index].1 {
-            Effect::Author => user.ack(key, message_id, now_us).is_some(),
-            Effect::Mention => user.message_created(key, message_id, true, now_us, &NoChannels),
-            Effect::Unread => user.message_created(key, message_id, false, now_us, &NoChannels),
-        })
+    let channels = cache.channels().clone();
+    let by_channel = counted_by_channel(&channels, key, message_id, &request.unread_user_ids)?;
+    let (took, changed) = cache
+        .update_many_after(
+            &user_ids,
+            |now_us| {
+                by_channel.is_some()
+                    && channels
+                        .update(key.channel_id, |c| c.message_created(message_id, now_us))
+                        .unwrap_or(false)
+            },
+            |index, user, now_us| {
+                channels.read(|channels| match (effects[index].1, channels.get_key(key)) {
+                    (Effect::Author, _) => user.ack(key, message_id, now_us).is_some(),
+                    (Effect::Mention, Some(channel)) if by_channel.is_some() => {
+                        user.mentioned(key, message_id, now_us, channel)
+                    }
+                    (effect, _) => {
+                        let mentioned = effect == Effect::Mention;
+                        user.message_created(key, message_id, mentioned, now_us, channels)
+                    }
+                })
+            },
+        )
         .await?;
+    let users = changed.into_iter().filter(|&c| c).count() as u32;
     Ok(MessageCreatedResponse {
-        updated: changed.into_iter().filter(|&c| c).count() as u32,
+        updated: users + u32::from(took),
     })
 }
 

@@ -1,12 +1,15 @@
 //! `MessageDeleted`: a deleted message lowers the counts it raised, once
 //! per user: each user's lowering is remembered in its cache shard (see
 //! [`crate::recent_deletions`]), so a retry within the window, however it
-//! lists the users, lowers nobody twice.
+//! lists the users, lowers nobody twice. In a channel counted by channel the
+//! message leaves the channel (a retry finds nothing to remove), which
+//! lowers every member who had not read it, and only the mentioned users'
+//! mention counts are lowered one by one.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::recipients::{Effect, recipients};
+use super::recipients::{Effect, counted_by_channel, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
@@ -31,14 +34,30 @@ pub async fn handle(
         kind: key.kind,
     };
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
-    let lowered = cache
-        .update_many_once(&user_ids, deletion, |index, user, now_us| {
-            let mentioned = effects[index].1 == Effect::Mention;
-            user.message_deleted(key, message_id, mentioned, now_us)
-        })
+    let channels = cache.channels().clone();
+    let by_channel = counted_by_channel(&channels, key, message_id, &request.unread_user_ids)?;
+    let (left, lowered) = cache
+        .update_many_once(
+            &user_ids,
+            deletion,
+            |now_us| {
+                by_channel.is_some()
+                    && channels
+                        .update(key.channel_id, |c| c.message_deleted(message_id, now_us))
+                        .unwrap_or(false)
+            },
+            |index, user, now_us| match by_channel {
+                Some(_) => user.mention_deleted(key, message_id, now_us),
+                None => {
+                    let mentioned = effects[index].1 == Effect::Mention;
+                    user.message_deleted(key, message_id, mentioned, now_us)
+                }
+            },
+        )
         .await?;
+    let users = lowered.into_iter().filter(|&l| l).count() as u32;
     Ok(MessageDeletedResponse {
-        updated: lowered.into_iter().filter(|&l| l).count() as u32,
+        updated: users + u32::from(left),
     })
 }
 

@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use super::validate;
+use super::{convert, validate};
 use crate::cache::Cache;
-use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::proto::{SetMutedRequest, SetMutedResponse};
 use crate::read_state::Key;
@@ -20,11 +19,14 @@ pub async fn handle(
         channel_id: validate::id("channel_id", request.channel_id)?,
         kind: validate::kind("kind", request.kind)?,
     };
+    let channels = cache.channels().clone();
     cache
-        .update(user_id, |user, now_us| SetMutedResponse {
-            applied: user.set_muted(key, request.muted, now_us, &NoChannels),
-            version: user.version(),
-            read_state: user.get(key).map(Into::into),
+        .update(user_id, |user, now_us| {
+            channels.read(|channels| SetMutedResponse {
+                applied: user.set_muted(key, request.muted, now_us, channels),
+                version: user.version(),
+                read_state: user.get(key).map(|s| convert::shown(s, channels)),
+            })
         })
         .await
 }

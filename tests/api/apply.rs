@@ -982,3 +982,35 @@ async fn at_shutdown_answers_go_out_while_a_slow_item_finishes() {
         "{quick} answers held {last_quick:?}"
     );
 }
+
+/// A channel counted by channel takes its messages in id order, and such a
+/// message may name no user: the stream keeps each channel's messages in
+/// the order sent too, or the later one would make the earlier one late.
+#[tokio::test]
+async fn a_channels_messages_apply_in_order_though_they_name_no_user() {
+    let mut app = app_with_slow_loads_of(1, Duration::from_millis(300)).await;
+    let switch = SetChannelCountingRequest {
+        channel_id: 10,
+        counted_from: 100,
+    };
+    app.client.set_channel_counting(switch).await.unwrap();
+    let mut stream = Applier::open(&app).await;
+    let outcomes = stream
+        .apply(vec![
+            // Waits for its author's load.
+            Change::MessageCreated(message(10, 101, 1, &[], &[])),
+            Change::MessageCreated(message(10, 102, 0, &[], &[])),
+        ])
+        .await;
+    let updated = |o: &Outcome| match o {
+        Outcome::MessageCreated(r) => r.updated,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(outcomes.iter().map(updated).collect::<Vec<_>>(), [2, 1]);
+    let join = AckRequest {
+        manual: true,
+        ..ack(2, 10, 100)
+    };
+    app.client.ack(join).await.unwrap();
+    assert_eq!(app.all_read_states(2).await.read_states[0].unread_count, 2);
+}

@@ -4,6 +4,7 @@ mod ack;
 mod apply;
 mod bad_input;
 mod bulk_ack;
+mod channel_counting;
 mod delete_read_states;
 mod faults;
 mod fleet;

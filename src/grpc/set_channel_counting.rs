@@ -1,0 +1,35 @@
+//! `SetChannelCounting`: switches a channel to counting by channel, once
+//! (see `docs/counting.md`). Every member keeps their counts: what was
+//! counted per member stays in their read states, and messages past
+//! `counted_from` are counted by the channel.
+
+use std::sync::Arc;
+
+use super::validate;
+use crate::cache::Cache;
+use crate::error::Error;
+use crate::proto::{SetChannelCountingRequest, SetChannelCountingResponse};
+
+pub async fn handle(
+    cache: Arc<Cache>,
+    request: SetChannelCountingRequest,
+) -> Result<SetChannelCountingResponse, Error> {
+    let channel_id = validate::id("channel_id", request.channel_id)?;
+    let channels = cache.channels().clone();
+    // Through the cache's gate, like any change: refused once shutdown
+    // begins, so the final flush holds it.
+    let (switched, _) = cache
+        .update_many_after(
+            &[],
+            |now_us| channels.switch(channel_id, request.counted_from, now_us),
+            |_, _, _| (),
+        )
+        .await?;
+    match switched {
+        Ok(applied) => Ok(SetChannelCountingResponse { applied }),
+        Err(already) => Err(Error::SwitchedAlready {
+            channel_id,
+            counted_from: already.counted_from,
+        }),
+    }
+}

@@ -1,0 +1,447 @@
+//! Channels counted by channel (`SetChannelCounting`), end to end: a message
+//! names no members and still counts for every one of them, exactly and
+//! retry-safe, in read states, totals, badges and after a restart.
+
+use readstates::config::StoreKind;
+use readstates::proto::read_states_client::ReadStatesClient;
+use readstates::proto::*;
+use readstates::test_support::{ack, delete, message};
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::fleet::two_nodes;
+use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_config};
+
+const CHANNEL: u64 = 10;
+/// The channel's last message when it is switched.
+const SWITCHED_AT: u64 = 100;
+
+fn switch(channel_id: u64, counted_from: u64) -> SetChannelCountingRequest {
+    SetChannelCountingRequest {
+        channel_id,
+        counted_from,
+    }
+}
+
+/// How a backend adds a member: a manual ack at the channel's last message,
+/// with nothing unread.
+fn join(user_id: u64, channel_id: u64, at: u64) -> AckRequest {
+    AckRequest {
+        manual: true,
+        ..ack(user_id, channel_id, at)
+    }
+}
+
+fn deleted(channel_id: u64, message_id: u64, mentioned: &[u64]) -> MessageDeletedRequest {
+    MessageDeletedRequest {
+        channel_id,
+        message_id,
+        mentioned_user_ids: mentioned.to_vec(),
+        ..MessageDeletedRequest::default()
+    }
+}
+
+/// A channel counted by channel from [`SWITCHED_AT`], with `members`.
+async fn counted_channel(members: &[u64]) -> TestApp {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    let answer = c.set_channel_counting(switch(CHANNEL, SWITCHED_AT)).await;
+    assert!(answer.unwrap().into_inner().applied);
+    for &user_id in members {
+        c.ack(join(user_id, CHANNEL, SWITCHED_AT)).await.unwrap();
+    }
+    app
+}
+
+/// (mention count, unread count, capped) of the user's read state of
+/// `channel_id`.
+async fn counts_in(
+    client: &mut ReadStatesClient<Channel>,
+    user_id: u64,
+    channel_id: u64,
+) -> Option<(u32, u32, bool)> {
+    let request = GetReadStatesRequest {
+        user_id,
+        channel_ids: vec![channel_id],
+        ..GetReadStatesRequest::default()
+    };
+    let answer = client.get_read_states(request).await.unwrap().into_inner();
+    (answer.read_states.first()).map(|s| (s.mention_count, s.unread_count, s.unread_capped))
+}
+
+async fn counts(app: &mut TestApp, user_id: u64) -> Option<(u32, u32, bool)> {
+    counts_in(&mut app.client, user_id, CHANNEL).await
+}
+
+/// (total mentions, unread channels) of each user, from GetBadgeCounts.
+async fn badges(app: &mut TestApp, user_ids: &[u64]) -> Vec<(u64, u32)> {
+    let request = GetBadgeCountsRequest {
+        user_ids: user_ids.to_vec(),
+    };
+    let answer = app.client.get_badge_counts(request).await.unwrap();
+    (answer.into_inner().counts.iter())
+        .map(|b| (b.total_mention_count, b.unread_channel_count))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_message_names_no_members_and_counts_for_every_one() {
+    let mut app = counted_channel(&[1, 2, 3]).await;
+    let c = &mut app.client;
+    // Author 3, user 2 mentioned: the channel, 2 and 3 change.
+    let first = c.message_created(message(CHANNEL, 101, 3, &[2], &[])).await;
+    assert_eq!(first.unwrap().into_inner().updated, 3);
+    let second = c.message_created(message(CHANNEL, 102, 0, &[], &[])).await;
+    assert_eq!(second.unwrap().into_inner().updated, 1, "the channel only");
+
+    assert_eq!(counts(&mut app, 1).await, Some((0, 2, false)));
+    assert_eq!(counts(&mut app, 2).await, Some((1, 2, false)));
+    assert_eq!(
+        counts(&mut app, 3).await,
+        Some((0, 1, false)),
+        "read to 101"
+    );
+    assert_eq!(
+        badges(&mut app, &[1, 2, 3, 4]).await,
+        [(0, 1), (1, 1), (0, 1), (0, 0)]
+    );
+    let totals = app.all_read_states(2).await;
+    assert_eq!(
+        (totals.total_mention_count, totals.unread_channel_count),
+        (1, 1)
+    );
+    assert_eq!(counts(&mut app, 4).await, None, "not a member");
+}
+
+#[tokio::test]
+async fn a_redelivered_retried_or_late_message_counts_nothing() {
+    let mut app = counted_channel(&[1, 2]).await;
+    let c = &mut app.client;
+    for id in [101, 105] {
+        c.message_created(message(CHANNEL, id, 0, &[2], &[]))
+            .await
+            .unwrap();
+    }
+    for (id, what) in [
+        (105, "a redelivery"),
+        (101, "an older one"),
+        (103, "a late one"),
+    ] {
+        let again = c.message_created(message(CHANNEL, id, 0, &[2], &[])).await;
+        assert_eq!(again.unwrap().into_inner().updated, 0, "{what}");
+    }
+    assert_eq!(counts(&mut app, 1).await, Some((0, 2, false)));
+    assert_eq!(counts(&mut app, 2).await, Some((2, 2, false)));
+}
+
+#[tokio::test]
+async fn a_member_who_joins_later_counts_only_what_came_after() {
+    let mut app = counted_channel(&[1]).await;
+    let c = &mut app.client;
+    for id in 101..=103 {
+        c.message_created(message(CHANNEL, id, 0, &[], &[]))
+            .await
+            .unwrap();
+    }
+    c.ack(join(2, CHANNEL, 103)).await.unwrap();
+    assert_eq!(counts(&mut app, 2).await, Some((0, 0, false)));
+    app.client
+        .message_created(message(CHANNEL, 104, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(counts(&mut app, 1).await, Some((0, 4, false)));
+    assert_eq!(counts(&mut app, 2).await, Some((0, 1, false)));
+}
+
+#[tokio::test]
+async fn acks_manual_acks_and_ack_all_count_from_the_channel() {
+    let mut app = counted_channel(&[1]).await;
+    for id in 101..=104 {
+        let mentioned: &[u64] = if id == 102 { &[1] } else { &[] };
+        app.client
+            .message_created(message(CHANNEL, id, 0, mentioned, &[]))
+            .await
+            .unwrap();
+    }
+    // Read to the middle: what came after stays unread.
+    let answer = app.client.ack(ack(1, CHANNEL, 102)).await.unwrap();
+    let shown = answer.into_inner().read_state.unwrap();
+    assert_eq!((shown.mention_count, shown.unread_count), (0, 2));
+    // "Mark unread" at 101: the channel counts the three after it, whatever
+    // unread count is given; the mention count is as given.
+    let mark_unread = AckRequest {
+        mention_count: 1,
+        unread_count: 7,
+        ..join(1, CHANNEL, 101)
+    };
+    app.client.ack(mark_unread).await.unwrap();
+    assert_eq!(counts(&mut app, 1).await, Some((1, 3, false)));
+    // Mark all read: up to the channel's newest message.
+    let all = AckAllRequest {
+        user_id: 1,
+        kinds: vec![],
+    };
+    let answer = app.client.ack_all(all).await.unwrap().into_inner();
+    assert_eq!(answer.updated, 1);
+    assert_eq!(counts(&mut app, 1).await, Some((0, 0, false)));
+    assert_eq!(badges(&mut app, &[1]).await, [(0, 0)]);
+}
+
+#[tokio::test]
+async fn a_deleted_message_lowers_only_who_had_not_read_it_and_a_retry_nothing() {
+    let mut app = counted_channel(&[1, 2]).await;
+    let c = &mut app.client;
+    c.message_created(message(CHANNEL, 101, 0, &[1], &[]))
+        .await
+        .unwrap();
+    c.message_created(message(CHANNEL, 102, 0, &[], &[]))
+        .await
+        .unwrap();
+    c.ack(ack(2, CHANNEL, 101)).await.unwrap();
+
+    // 101: the channel lets go of it, and user 1's mention drops.
+    let answer = c.message_deleted(deleted(CHANNEL, 101, &[1, 2])).await;
+    assert_eq!(
+        answer.unwrap().into_inner().updated,
+        2,
+        "the channel and user 1"
+    );
+    let retry = c.message_deleted(deleted(CHANNEL, 101, &[1, 2])).await;
+    assert_eq!(
+        retry.unwrap().into_inner().updated,
+        0,
+        "a retry lowers nothing"
+    );
+    assert_eq!(counts(&mut app, 1).await, Some((0, 1, false)));
+    assert_eq!(
+        counts(&mut app, 2).await,
+        Some((0, 1, false)),
+        "read it already"
+    );
+    // A redelivery of the deleted message does not bring it back.
+    let again = app
+        .client
+        .message_created(message(CHANNEL, 101, 0, &[1], &[]))
+        .await;
+    assert_eq!(again.unwrap().into_inner().updated, 0);
+    assert_eq!(counts(&mut app, 1).await, Some((0, 1, false)));
+}
+
+#[tokio::test]
+async fn switching_keeps_every_members_count() {
+    let mut app = spawn_app().await;
+    let c = &mut app.client;
+    for id in 98..=100 {
+        c.message_created(message(CHANNEL, id, 0, &[1], &[2]))
+            .await
+            .unwrap();
+    }
+    c.set_channel_counting(switch(CHANNEL, 100)).await.unwrap();
+    assert_eq!(counts(&mut app, 1).await, Some((3, 3, false)));
+    assert_eq!(counts(&mut app, 2).await, Some((0, 3, false)));
+    app.client
+        .message_created(message(CHANNEL, 101, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(counts(&mut app, 2).await, Some((0, 4, false)));
+    // A late message of the per-member era counts per member, for members.
+    let late = message(CHANNEL, 99, 0, &[], &[2, 3]);
+    let answer = app.client.message_created(late).await.unwrap();
+    assert_eq!(
+        answer.into_inner().updated,
+        0,
+        "2 counted it, 3 is no member"
+    );
+    assert_eq!(counts(&mut app, 3).await, None);
+    // Reading it all clears both parts.
+    app.client.ack(ack(2, CHANNEL, 101)).await.unwrap();
+    assert_eq!(counts(&mut app, 2).await, Some((0, 0, false)));
+}
+
+#[tokio::test]
+async fn muted_members_count_mentions_only_and_a_member_who_leaves_counts_nothing() {
+    let mut app = counted_channel(&[1, 2]).await;
+    let c = &mut app.client;
+    let mute = SetMutedRequest {
+        user_id: 1,
+        channel_id: CHANNEL,
+        muted: true,
+        ..SetMutedRequest::default()
+    };
+    c.set_muted(mute).await.unwrap();
+    c.message_created(message(CHANNEL, 101, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(counts(&mut app, 1).await, Some((0, 1, false)));
+    assert_eq!(badges(&mut app, &[1]).await, [(0, 0)], "muted");
+    app.client
+        .message_created(message(CHANNEL, 102, 0, &[1], &[]))
+        .await
+        .unwrap();
+    assert_eq!(badges(&mut app, &[1]).await, [(1, 1)], "a mention counts");
+
+    app.client
+        .delete_read_states(delete(2, &[CHANNEL], false))
+        .await
+        .unwrap();
+    app.client
+        .message_created(message(CHANNEL, 103, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(counts(&mut app, 2).await, None);
+    assert_eq!(badges(&mut app, &[2]).await, [(0, 0)]);
+}
+
+#[tokio::test]
+async fn a_member_far_behind_is_counted_to_the_channels_window_and_told_so() {
+    let mut app = counted_channel(&[1, 2]).await;
+    let batch = |ids: std::ops::RangeInclusive<u64>| ApplyRequest {
+        items: ids
+            .map(|id| ApplyItem {
+                id,
+                change: Some(apply_item::Change::MessageCreated(message(
+                    CHANNEL,
+                    id,
+                    0,
+                    &[],
+                    &[],
+                ))),
+                ..ApplyItem::default()
+            })
+            .collect(),
+        timeout_ms: 0,
+    };
+    // 1,030 messages over one Apply stream, in batches.
+    let requests = [101..=600, 601..=1130].map(batch);
+    let mut answers = app
+        .client
+        .apply(tokio_stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut answered = 0;
+    while let Some(response) = answers.message().await.unwrap() {
+        answered += response.results.len();
+        if answered == 1030 {
+            break;
+        }
+    }
+    app.client.ack(ack(2, CHANNEL, 1100)).await.unwrap();
+    assert_eq!(counts(&mut app, 1).await, Some((0, 1024, true)));
+    assert_eq!(counts(&mut app, 2).await, Some((0, 30, false)));
+}
+
+#[tokio::test]
+async fn a_channels_state_and_its_members_counts_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store = StoreKind::Embedded;
+    config.data_dir = dir.path().to_owned();
+    let mut app = spawn_app_with(config.clone()).await;
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    c.ack(join(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    for id in 101..=103 {
+        c.message_created(message(CHANNEL, id, 0, &[], &[]))
+            .await
+            .unwrap();
+    }
+    c.message_deleted(deleted(CHANNEL, 102, &[])).await.unwrap();
+    // Before the write delay: only shutdown writes the channel.
+    assert_eq!(app.stop().await.unwritten, 0);
+
+    let mut app = spawn_app_with(config).await;
+    assert_eq!(counts(&mut app, 1).await, Some((0, 2, false)));
+    let redelivered = message(CHANNEL, 103, 0, &[], &[]);
+    let answer = app.client.message_created(redelivered).await.unwrap();
+    assert_eq!(answer.into_inner().updated, 0, "the channel remembers 103");
+    let retry = app
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT));
+    assert!(!retry.await.unwrap().into_inner().applied);
+}
+
+#[tokio::test]
+async fn a_watched_members_events_carry_the_counts_of_the_channel() {
+    let mut app = counted_channel(&[1]).await;
+    for id in 101..=102 {
+        app.client
+            .message_created(message(CHANNEL, id, 0, &[], &[]))
+            .await
+            .unwrap();
+    }
+    let (requests, stream) = tokio::sync::mpsc::channel(4);
+    let mut events = app
+        .client
+        .watch(tokio_stream::wrappers::ReceiverStream::new(stream))
+        .await
+        .unwrap()
+        .into_inner();
+    let subscribe = WatchRequest {
+        action: Some(watch_request::Action::Subscribe(WatchSubscribe {
+            user_id: 1,
+            since_version: 0,
+        })),
+    };
+    requests.send(subscribe).await.unwrap();
+    let changed = |event: WatchEvent| match event.event {
+        Some(watch_event::Event::Changed(changed)) => changed,
+        other => panic!("not a change: {other:?}"),
+    };
+    let first = changed(events.message().await.unwrap().unwrap());
+    assert_eq!(first.read_states[0].unread_count, 2);
+    assert_eq!(first.unread_channel_count, 1);
+    app.client.ack(ack(1, CHANNEL, 101)).await.unwrap();
+    let next = changed(events.message().await.unwrap().unwrap());
+    assert_eq!(next.read_states[0].unread_count, 1, "102 is unread");
+    assert_eq!(next.unread_channel_count, 1);
+}
+
+#[tokio::test]
+async fn bad_switches_and_member_lists_get_clear_statuses() {
+    let mut app = counted_channel(&[1]).await;
+    let c = &mut app.client;
+    let retry = c.set_channel_counting(switch(CHANNEL, SWITCHED_AT)).await;
+    assert!(
+        !retry.unwrap().into_inner().applied,
+        "a retry changes nothing"
+    );
+    let again = c
+        .set_channel_counting(switch(CHANNEL, 200))
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    assert!(again.message().contains("from message 100"), "{again:?}");
+    let zero = c.set_channel_counting(switch(0, 5)).await.unwrap_err();
+    assert_eq!(zero.code(), Code::InvalidArgument);
+    assert!(zero.message().contains("channel_id"), "{zero:?}");
+
+    let listed = c.message_created(message(CHANNEL, 101, 0, &[], &[1, 2]));
+    let listed = listed.await.unwrap_err();
+    assert_eq!(listed.code(), Code::InvalidArgument);
+    assert!(
+        listed.message().starts_with("unread_user_ids"),
+        "{listed:?}"
+    );
+    let listed = c.message_deleted(MessageDeletedRequest {
+        unread_user_ids: vec![1],
+        ..deleted(CHANNEL, 101, &[])
+    });
+    assert_eq!(listed.await.unwrap_err().code(), Code::InvalidArgument);
+    // Nothing of the refused message was taken.
+    assert_eq!(counts(&mut app, 1).await, Some((0, 0, false)));
+}
+
+#[tokio::test]
+async fn a_node_of_a_fleet_refuses_to_switch_a_channel_for_now() {
+    let (_ring, mut first, _second) = two_nodes("a", "b").await;
+    let refused = first
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(refused.message().contains("fleet"), "{refused:?}");
+}
