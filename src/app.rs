@@ -37,6 +37,7 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::instrumented::Instrumented;
 use crate::store::memory::MemoryStore;
 use crate::tls::{self, Tls};
+use crate::watch::recount::{self, RECOUNT_EVERY};
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 
 /// In-flight requests get this long to finish once shutdown begins.
@@ -170,6 +171,7 @@ impl Application {
         let stop = CancellationToken::new();
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
+        let recount = tokio::spawn(recount::run(cache.clone(), RECOUNT_EVERY, stop.clone()));
         metrics::build_info(config.node_id.as_deref().unwrap_or("standalone"));
         let metrics_server = tokio::spawn(metrics::server::serve(
             metrics_listener,
@@ -280,6 +282,7 @@ impl Application {
             server_ended: None,
             write_behind,
             sampler,
+            recount,
             metrics_server,
             follower,
             tls_reloader,
@@ -304,6 +307,8 @@ pub struct Running {
     server_ended: Option<Result<Result<(), tonic::transport::Error>, JoinError>>,
     write_behind: WriteBehind,
     sampler: JoinHandle<()>,
+    /// Tells Watch streams of counts moved with channels, stopped with `stop`.
+    recount: JoinHandle<()>,
     metrics_server: JoinHandle<std::io::Result<()>>,
     /// A fleet node's ring follower, stopped with `stop`.
     follower: Option<JoinHandle<()>>,
@@ -380,6 +385,7 @@ impl Running {
             tracing::info!("every change written");
         }
         let _ = self.sampler.await;
+        let _ = self.recount.await;
         if tokio::time::timeout(METRICS_GRACE, &mut self.metrics_server)
             .await
             .is_err()

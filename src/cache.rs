@@ -447,6 +447,14 @@ impl Cache {
             .await
     }
 
+    /// Tells the streams watching members of the `changed` channels counted
+    /// by channel their new counts (see [`crate::watch::recount`]).
+    pub fn recount(&self, changed: &[u64]) {
+        for index in 0..self.shards.len() {
+            self.with_shard(index, |shard| shard.recount(changed));
+        }
+    }
+
     /// Unsubscribes `feed` from a user; whether it was subscribed.
     pub fn unsubscribe(&self, user_id: u64, feed: &Arc<Feed>) -> bool {
         self.with_shard(self.shard_of(user_id), |shard| {

@@ -15,7 +15,7 @@
 //! unwritten until it succeeds. [`ChannelStates::flush`] (at shutdown)
 //! writes everything still unwritten.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
@@ -52,6 +52,9 @@ pub struct ChannelStates {
 struct Held {
     channels: HashMap<u64, ChannelState>,
     unwritten: HashMap<u64, Unwritten>,
+    /// Channels whose members' counts moved since Watch streams were last
+    /// told (see [`crate::watch::recount`]).
+    recounted: HashSet<u64>,
 }
 
 /// A channel with changes the store does not hold yet.
@@ -171,8 +174,21 @@ impl ChannelStates {
         let result = change(channel);
         if channel.version() != before {
             self.mark_unwritten(&mut held, channel_id);
+            held.recounted.insert(channel_id);
         }
         Some(result)
+    }
+
+    /// The channels whose members' counts moved since the last call.
+    pub fn take_recounted(&self) -> Vec<u64> {
+        if !self.any.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut held = self.held_mut();
+        if held.recounted.is_empty() {
+            return Vec::new();
+        }
+        held.recounted.drain().collect()
     }
 
     /// Channels with changes the store does not hold yet.

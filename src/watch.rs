@@ -20,6 +20,8 @@ use crate::channel_state::{Channels, Shown};
 use crate::error::Error;
 use crate::read_state::{Counts, Key, UserView};
 
+pub mod recount;
+
 /// One change of one user (or, on subscribe, what changed since the
 /// subscriber's version), with the user's totals after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,6 +35,9 @@ pub struct Change {
     pub read_states: Vec<Shown>,
     pub deleted: Vec<Key>,
     pub counts: Counts,
+    /// Counts that moved with channels counted by channel, the user
+    /// unchanged (see [`recount`]).
+    pub recounted: bool,
 }
 
 impl Change {
@@ -55,7 +60,35 @@ impl Change {
                 .collect(),
             deleted: delta.deleted,
             counts: user.counts(channels),
+            recounted: false,
         }
+    }
+
+    /// The user's read states of the `changed` channels counted by channel,
+    /// counted now, with the user's totals; `None` if it has none of them.
+    pub fn recounted<'a>(
+        user_id: u64,
+        user: impl Into<UserView<'a>>,
+        changed: &[u64],
+        channels: &impl Channels,
+    ) -> Option<Change> {
+        let user = user.into();
+        let read_states: Vec<Shown> = (changed.iter())
+            .filter_map(|&channel_id| user.get(Key::channel(channel_id)))
+            .map(|state| channels.shown(state))
+            .collect();
+        if read_states.is_empty() {
+            return None;
+        }
+        Some(Change {
+            user_id,
+            version: user.version(),
+            partial: true,
+            read_states,
+            deleted: Vec::new(),
+            counts: user.counts(channels),
+            recounted: true,
+        })
     }
 }
 
@@ -168,7 +201,7 @@ impl Feed {
             return Offer::Closed;
         }
         use crate::proto::watch_event::Event as Kind;
-        let ends = !matches!(event.event, Some(Kind::Changed(_)));
+        let ends = !matches!(event.event, Some(Kind::Changed(_) | Kind::Recounted(_)));
         let mut queue = self.queue();
         if !ends && queue.events.len() >= self.capacity {
             return Offer::Full;
@@ -295,6 +328,7 @@ mod tests {
             read_states: Vec::new(),
             deleted: Vec::new(),
             counts: Counts::default(),
+            recounted: false,
         })
     }
 

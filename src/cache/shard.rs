@@ -394,6 +394,25 @@ impl Shard {
         }
     }
 
+    /// Publishes, to the streams watching a member of the `changed`
+    /// channels counted by channel, the member's counts there (counted now)
+    /// and totals. One look at each watched user held here.
+    pub(crate) fn recount(&mut self, changed: &[u64]) {
+        let channels = self.channels.clone();
+        let watched: Vec<u64> = self.watchers.keys().copied().collect();
+        for user_id in watched {
+            let Some(slot) = self.users.find(user_id) else {
+                continue;
+            };
+            let view = self.view(slot);
+            let change =
+                channels.read(|channels| Change::recounted(user_id, view, changed, channels));
+            if let Some(change) = change {
+                self.publish(change);
+            }
+        }
+    }
+
     fn unwatch(&mut self, user_id: u64) {
         self.watchers.remove(&user_id);
         if let Some(slot) = self.users.find(user_id) {

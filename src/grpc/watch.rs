@@ -265,17 +265,23 @@ async fn subscribe_user(
 
 fn to_proto(event: Event) -> WatchEvent {
     match event {
-        Event::Changed(change) => WatchEvent {
-            user_id: change.user_id,
-            event: Some(watch_event::Event::Changed(ReadStatesChanged {
+        Event::Changed(change) => {
+            let changed = ReadStatesChanged {
                 version: change.version,
                 partial: change.partial,
                 read_states: change.read_states.iter().map(Into::into).collect(),
                 deleted: change.deleted.iter().map(|&k| k.into()).collect(),
                 total_mention_count: change.counts.total_mention_count,
                 unread_channel_count: change.counts.unread_channel_count,
-            })),
-        },
+            };
+            WatchEvent {
+                user_id: change.user_id,
+                event: Some(match change.recounted {
+                    true => watch_event::Event::Recounted(changed),
+                    false => watch_event::Event::Changed(changed),
+                }),
+            }
+        }
         Event::Resync { user_id, version } => WatchEvent {
             user_id,
             event: Some(watch_event::Event::Resync(WatchResync { version })),

@@ -386,15 +386,22 @@ async fn a_watched_members_events_carry_the_counts_of_the_channel() {
         })),
     };
     requests.send(subscribe).await.unwrap();
-    let changed = |event: WatchEvent| match event.event {
-        Some(watch_event::Event::Changed(changed)) => changed,
-        other => panic!("not a change: {other:?}"),
-    };
-    let first = changed(events.message().await.unwrap().unwrap());
+    // The next change of the user (a recount of the messages before may
+    // come first).
+    async fn changed(events: &mut tonic::Streaming<WatchEvent>) -> ReadStatesChanged {
+        loop {
+            match events.message().await.unwrap().unwrap().event {
+                Some(watch_event::Event::Changed(changed)) => return changed,
+                Some(watch_event::Event::Recounted(_)) => continue,
+                other => panic!("not a change: {other:?}"),
+            }
+        }
+    }
+    let first = changed(&mut events).await;
     assert_eq!(first.read_states[0].unread_count, 2);
     assert_eq!(first.unread_channel_count, 1);
     app.client.ack(ack(1, CHANNEL, 101)).await.unwrap();
-    let next = changed(events.message().await.unwrap().unwrap());
+    let next = changed(&mut events).await;
     assert_eq!(next.read_states[0].unread_count, 1, "102 is unread");
     assert_eq!(next.unread_channel_count, 1);
 }
@@ -444,4 +451,66 @@ async fn a_node_of_a_fleet_refuses_to_switch_a_channel_for_now() {
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(refused.message().contains("fleet"), "{refused:?}");
+}
+
+/// A message changes every member's count and no member: each watched
+/// member is told by a `recounted` event, a few a second however many
+/// messages came, and a watched user who is no member is told nothing.
+#[tokio::test]
+async fn watched_members_are_told_their_counts_a_few_times_a_second() {
+    let mut app = counted_channel(&[1, 2]).await;
+    // User 3 is watched, and in another channel only.
+    app.client.ack(ack(3, CHANNEL + 1, 5)).await.unwrap();
+    let (requests, stream) = tokio::sync::mpsc::channel(4);
+    let mut events = app
+        .client
+        .watch(tokio_stream::wrappers::ReceiverStream::new(stream))
+        .await
+        .unwrap()
+        .into_inner();
+    for user_id in [1, 3] {
+        let subscribe = WatchSubscribe {
+            user_id,
+            since_version: 0,
+        };
+        let action = Some(watch_request::Action::Subscribe(subscribe));
+        requests.send(WatchRequest { action }).await.unwrap();
+        events.message().await.unwrap().unwrap();
+    }
+    let started = tokio::time::Instant::now();
+    for id in 101..=150 {
+        let mentioned: &[u64] = if id == 150 { &[2] } else { &[] };
+        app.client
+            .message_created(message(CHANNEL, id, 0, mentioned, &[]))
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(2), events.message());
+        let event = next.await.expect("an event").unwrap().unwrap();
+        let Some(watch_event::Event::Recounted(recounted)) = event.event else {
+            panic!("not a recount: {event:?}");
+        };
+        assert_eq!(event.user_id, 1, "user 3 is no member");
+        assert!(recounted.partial);
+        let state = &recounted.read_states[..];
+        assert_eq!((state.len(), state[0].channel_id), (1, CHANNEL));
+        seen.push((state[0].unread_count, recounted.unread_channel_count));
+        if state[0].unread_count == 50 {
+            break;
+        }
+    }
+    // The messages took `elapsed`: at most one event per 250 ms of it, and
+    // one more.
+    let ticks = started.elapsed().as_millis() / 250 + 2;
+    assert!(
+        seen.len() as u128 <= ticks,
+        "{seen:?} in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(seen.last(), Some(&(50, 1)));
+    // And nothing more once the messages stop.
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(600), events.message());
+    assert!(quiet.await.is_err(), "no event without a message");
 }

@@ -198,7 +198,9 @@ async fn read_upstream(
         let Some(previous) = lock().get(&user_id).map(|r| r.version) else {
             continue;
         };
-        let Some(watch_event::Event::Changed(changed)) = &event.event else {
+        let (Some(watch_event::Event::Changed(changed))
+        | Some(watch_event::Event::Recounted(changed))) = &event.event
+        else {
             // Moved, resync or rejected: the subscription ended there, and
             // ends here too.
             lock().remove(&user_id);
