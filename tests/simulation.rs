@@ -6,6 +6,10 @@
 //! MessageDeleted, SetMuted and Watch, which the end-to-end tests and the
 //! domain's property test cover), about half of the changes as items of an
 //! Apply stream, some of them cut by a deadline, while the store fails and slows down at random.
+//! Each client also has a channel of its own that it switches, at some
+//! point, to counting by channel (`SetChannelCounting`): its users' counts
+//! there are then counted from the channel's state, which the model keeps
+//! too and the store must hold as well.
 //! Each lifetime ends in a graceful shutdown at a random moment, and the next
 //! one starts on the same store.
 //!
@@ -55,6 +59,8 @@ const CHANNELS: u64 = 3;
 const LIFETIMES: usize = 3;
 const OPS_PER_CLIENT: usize = 25;
 const MESSAGE_IDS: u64 = 40;
+/// Client `c`'s own channel is `OWN_CHANNELS + c`.
+const OWN_CHANNELS: u64 = 100;
 
 /// (kind, channel_id)
 type Key = (i32, u64);
@@ -69,6 +75,46 @@ struct State {
 }
 
 type UserModel = BTreeMap<Key, State>;
+
+/// A client's own channel once counted by channel. Only that client sends
+/// messages there, so their order is the client's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct ChannelModel {
+    counted_from: u64,
+    last_message_id: u64,
+    /// The messages taken, ascending (the simulation deletes none, and sends
+    /// fewer than the channel keeps).
+    recent: Vec<u64>,
+}
+
+impl ChannelModel {
+    fn of(state: &readstates::channel_state::ChannelState) -> ChannelModel {
+        ChannelModel {
+            counted_from: state.counted_from(),
+            last_message_id: state.last_message_id(),
+            recent: state.recent().collect(),
+        }
+    }
+
+    fn unread_after(&self, last_acked_id: u64) -> u32 {
+        self.recent.iter().filter(|&&id| id > last_acked_id).count() as u32
+    }
+}
+
+type ChannelModels = BTreeMap<u64, ChannelModel>;
+
+/// A user as clients read it: in a channel counted by channel, the unread
+/// count is what the read state keeps plus the channel's messages after
+/// the last ack.
+fn shown(model: Option<&UserModel>, channels: &ChannelModels) -> UserModel {
+    let mut shown = model.cloned().unwrap_or_default();
+    for ((kind, channel_id), state) in shown.iter_mut() {
+        if let (0, Some(channel)) = (*kind, channels.get(channel_id)) {
+            state.unread_count += channel.unread_after(state.last_acked_id);
+        }
+    }
+    shown
+}
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -113,6 +159,11 @@ enum Op {
     Badges {
         users: Vec<u64>,
     },
+    /// SetChannelCounting (unary only).
+    Switch {
+        channel: u64,
+        counted_from: u64,
+    },
 }
 
 impl Op {
@@ -139,15 +190,16 @@ impl Op {
                 users.dedup();
                 users
             }
-            Op::Read { .. } | Op::Badges { .. } => Vec::new(),
+            Op::Read { .. } | Op::Badges { .. } | Op::Switch { .. } => Vec::new(),
         }
     }
 }
 
 /// The rules, written plainly. Returns the number the RPC answers with:
-/// applied (0/1) for Ack, users changed for MessageCreated, read states
-/// deleted for DeleteReadStates.
-fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
+/// applied (0/1) for Ack and SetChannelCounting, read states changed (and
+/// 1 for a channel counted by channel that took it) for MessageCreated,
+/// read states deleted for DeleteReadStates.
+fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op: &Op) -> u32 {
     fn ack(model: &mut UserModel, key: Key, message_id: u64) -> bool {
         let old = model.get(&key).copied().unwrap_or_default();
         if message_id <= old.last_acked_id {
@@ -176,6 +228,21 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
         }
         true
     }
+    /// A mention of a message counted by channel: only of one the channel
+    /// holds, past the watermark; a user new to the channel counts from it.
+    fn mention(model: &mut UserModel, key: Key, message_id: u64, holds: bool) -> bool {
+        let old = model.get(&key).copied();
+        if !holds || message_id <= old.map_or(0, |s| s.last_acked_id.max(s.last_message_id)) {
+            return false;
+        }
+        let state = model.entry(key).or_insert(State {
+            last_acked_id: message_id - 1,
+            ..State::default()
+        });
+        state.last_message_id = message_id;
+        state.mention_count += 1;
+        true
+    }
     match op {
         Op::Ack {
             user,
@@ -191,11 +258,18 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
         } => {
             let model = models.entry(*user).or_default();
             let watermark = model.get(key).map_or(0, |s| s.last_message_id);
+            // Counted by channel, the read state keeps only what the
+            // channel does not count.
+            let unread = match (key.0, channels.get(&key.1)) {
+                (0, Some(c)) if *message_id >= c.counted_from => 0,
+                (0, Some(c)) => unread.saturating_sub(c.unread_after(*message_id)),
+                _ => *unread,
+            };
             let state = State {
                 last_acked_id: *message_id,
                 last_message_id: watermark.max(*message_id),
                 mention_count: *mentions,
-                unread_count: *unread,
+                unread_count: unread,
             };
             model.insert(*key, state);
             1
@@ -215,14 +289,30 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
             ..
         } => {
             let key = (0, *channel);
+            let counted = channels.get_mut(channel);
+            let switched = counted.is_some();
+            let by_channel = counted.filter(|c| *message_id > c.counted_from);
             let mut changed = 0;
+            let by_channel = match by_channel {
+                Some(c) => {
+                    if *message_id > c.last_message_id {
+                        c.recent.push(*message_id);
+                        c.last_message_id = *message_id;
+                        changed += 1;
+                    }
+                    Some(c.recent.contains(message_id))
+                }
+                None => None,
+            };
             for user in op.changed_users() {
                 let model = models.entry(user).or_default();
                 // One effect per user, the strongest: author, then mention.
-                changed += u32::from(if user == *author {
-                    ack(model, key, *message_id)
-                } else {
-                    message(model, key, *message_id, mentioned.contains(&user))
+                changed += u32::from(match by_channel {
+                    _ if user == *author => ack(model, key, *message_id),
+                    Some(holds) => mention(model, key, *message_id, holds),
+                    // A late message of a switched channel: members only.
+                    None if switched && !model.contains_key(&key) => false,
+                    None => message(model, key, *message_id, mentioned.contains(&user)),
                 });
             }
             changed
@@ -243,11 +333,17 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
             let model = models.entry(*user).or_default();
             let mut updated = 0;
             for (key, state) in model.iter_mut() {
-                let unread = state.last_message_id > state.last_acked_id
+                // Counted by channel: read up to the channel's newest.
+                let newest = match (key.0, channels.get(&key.1)) {
+                    (0, Some(c)) => c.last_message_id,
+                    _ => 0,
+                };
+                let unread = state.last_message_id.max(newest) > state.last_acked_id
                     || state.mention_count > 0
                     || state.unread_count > 0;
                 if unread && (kinds.is_empty() || kinds.contains(&key.0)) {
-                    state.last_acked_id = state.last_acked_id.max(state.last_message_id);
+                    state.last_acked_id =
+                        state.last_acked_id.max(state.last_message_id).max(newest);
                     state.last_message_id = state.last_acked_id;
                     state.mention_count = 0;
                     state.unread_count = 0;
@@ -255,6 +351,21 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, op: &Op) -> u32 {
                 }
             }
             updated
+        }
+        Op::Switch {
+            channel,
+            counted_from,
+        } => {
+            if channels.contains_key(channel) {
+                return 0;
+            }
+            let state = ChannelModel {
+                counted_from: *counted_from,
+                last_message_id: *counted_from,
+                recent: Vec::new(),
+            };
+            channels.insert(*channel, state);
+            1
         }
         Op::Read { .. } | Op::Badges { .. } => 0,
     }
@@ -284,9 +395,16 @@ fn badge(model: &UserModel) -> (u64, u32) {
     (mentions, unread as u32)
 }
 
-fn random_op(rng: &mut fastrand::Rng, users: &[u64]) -> Op {
+/// A random operation of a client with `users`, whose own channel is `own`
+/// (counted by channel from `counted_from`, once switched).
+fn random_op(rng: &mut fastrand::Rng, users: &[u64], own: u64, counted_from: Option<u64>) -> Op {
     let user = users[rng.usize(..users.len())];
-    let key = |rng: &mut fastrand::Rng| (rng.i32(0..2), rng.u64(1..=CHANNELS));
+    // The shared channels, and now and then the client's own.
+    let channel = |rng: &mut fastrand::Rng| match rng.u64(1..=CHANNELS + 1) {
+        CHANNELS_PLUS_OWN => own,
+        channel => channel,
+    };
+    let key = |rng: &mut fastrand::Rng| (rng.i32(0..2), channel(rng));
     let message_id = |rng: &mut fastrand::Rng| rng.u64(1..=MESSAGE_IDS);
     let some_users = |rng: &mut fastrand::Rng| -> Vec<u64> {
         users.iter().copied().filter(|_| rng.bool()).collect()
@@ -310,13 +428,19 @@ fn random_op(rng: &mut fastrand::Rng, users: &[u64]) -> Op {
                 .map(|_| (key(rng), message_id(rng)))
                 .collect(),
         },
-        32..62 => Op::Message {
-            channel: rng.u64(1..=CHANNELS),
-            message_id: message_id(rng),
-            author: if rng.bool() { user } else { 0 },
-            mentioned: some_users(rng),
-            unread: some_users(rng),
-        },
+        32..62 => {
+            let channel = channel(rng);
+            let message_id = message_id(rng);
+            // Counted by channel: no member list.
+            let by_channel = channel == own && counted_from.is_some_and(|from| message_id > from);
+            Op::Message {
+                channel,
+                message_id,
+                author: if rng.bool() { user } else { 0 },
+                mentioned: some_users(rng),
+                unread: if by_channel { vec![] } else { some_users(rng) },
+            }
+        }
         62..68 => Op::Delete {
             user,
             keys: (0..rng.usize(1..3)).map(|_| key(rng)).collect(),
@@ -326,12 +450,20 @@ fn random_op(rng: &mut fastrand::Rng, users: &[u64]) -> Op {
             user,
             kinds: (0..rng.usize(0..2)).map(|_| rng.i32(0..2)).collect(),
         },
-        74..90 => Op::Read { user },
-        _ => Op::Badges {
+        74..88 => Op::Read { user },
+        88..97 => Op::Badges {
             users: some_users(rng),
+        },
+        // A retry once switched.
+        _ => Op::Switch {
+            channel: own,
+            counted_from: counted_from.unwrap_or_else(|| rng.u64(0..=MESSAGE_IDS)),
         },
     }
 }
+
+/// What [`random_op`] draws for a client's own channel.
+const CHANNELS_PLUS_OWN: u64 = CHANNELS + 1;
 
 /// The request `op` sends, as an Apply item's change; `None` for a read.
 fn change(op: &Op) -> Option<Change> {
@@ -405,7 +537,7 @@ fn change(op: &Op) -> Option<Change> {
         Op::Badges { users } => Change::GetBadgeCounts(GetBadgeCountsRequest {
             user_ids: users.clone(),
         }),
-        Op::Read { .. } => return None,
+        Op::Read { .. } | Op::Switch { .. } => return None,
     })
 }
 
@@ -429,6 +561,18 @@ fn observed(outcome: ApplyOutcome) -> Observed {
 
 /// What a unary call of `op` answered.
 async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> {
+    if let Op::Switch {
+        channel,
+        counted_from,
+    } = op
+    {
+        let request = SetChannelCountingRequest {
+            channel_id: *channel,
+            counted_from: *counted_from,
+        };
+        let response = service.set_channel_counting(Request::new(request)).await?;
+        return Ok(Observed::Count(u32::from(response.into_inner().applied), 0));
+    }
     let Some(change) = change(op) else {
         let Op::Read { user } = op else {
             unreachable!("every other op is a change")
@@ -540,6 +684,10 @@ enum Observed {
 struct Client {
     name: String,
     models: BTreeMap<u64, UserModel>,
+    /// Its own channel once counted by channel.
+    channels: ChannelModels,
+    /// The id of its own channel.
+    own: u64,
     versions: BTreeMap<u64, u64>,
     rng: fastrand::Rng,
     operations: usize,
@@ -563,14 +711,15 @@ impl Client {
     /// About half of the changes go over an Apply stream (one item per
     /// batch: the client waits for each answer); a deadline is then the
     /// batch's timeout, and an item answered DEADLINE_EXCEEDED is cut.
-    async fn run(&mut self, service: &ReadStatesService, users: &[u64], ops: usize) {
+    async fn run(&mut self, service: &ReadStatesService, cache: &Cache, users: &[u64], ops: usize) {
         let mut stream = Applier::open(service).await;
         for _ in 0..ops {
-            let op = random_op(&mut self.rng, users);
+            let counted_from = self.channels.get(&self.own).map(|c| c.counted_from);
+            let op = random_op(&mut self.rng, users, self.own, counted_from);
             self.operations += 1;
-            let before = self.models.clone();
-            let mut after = self.models.clone();
-            let expected = apply(&mut after, &op);
+            let before = (self.models.clone(), self.channels.clone());
+            let mut after = before.clone();
+            let expected = apply(&mut after.0, &mut after.1, &op);
             let deadline =
                 (self.rng.u32(0..10) == 0).then(|| Duration::from_millis(self.rng.u64(0..20)));
             let streamed = change(&op).filter(|_| self.rng.bool());
@@ -591,18 +740,18 @@ impl Client {
             match result {
                 Some(Ok(observed)) => {
                     self.check_answer(&op, &after, expected, observed);
-                    self.models = after;
+                    (self.models, self.channels) = after;
                 }
                 // Write-through: applied, and written later.
                 Some(Err(status))
                     if status.code() == Code::Unavailable
                         && status.message().contains("retried in the background") =>
                 {
-                    self.resolve(service, &op, &before, &after, Expect::Applied)
+                    self.resolve(service, cache, &op, &before, &after, Expect::Applied)
                         .await;
                 }
                 Some(Err(status)) if status.code() == Code::Unavailable => {
-                    self.resolve(service, &op, &before, &after, Expect::Unchanged)
+                    self.resolve(service, cache, &op, &before, &after, Expect::Unchanged)
                         .await;
                     if status.message().contains("shutting down") {
                         return;
@@ -611,23 +760,18 @@ impl Client {
                 Some(Err(status)) => panic!("{}: {op:?} failed: {status:?}", self.name),
                 // Cut by the client: all of it or none of it.
                 None => {
-                    self.resolve(service, &op, &before, &after, Expect::AllOrNothing)
+                    self.resolve(service, cache, &op, &before, &after, Expect::AllOrNothing)
                         .await;
                 }
             }
         }
     }
 
-    fn check_answer(
-        &mut self,
-        op: &Op,
-        after: &BTreeMap<u64, UserModel>,
-        expected: u32,
-        observed: Observed,
-    ) {
+    fn check_answer(&mut self, op: &Op, after: &Model, expected: u32, observed: Observed) {
         let name = &self.name;
+        let (after, channels) = after;
         match (op, observed) {
-            (Op::Message { .. }, Observed::Count(updated, _)) => {
+            (Op::Message { .. } | Op::Switch { .. }, Observed::Count(updated, _)) => {
                 assert_eq!(updated, expected, "{name}: {op:?} counted");
             }
             (
@@ -645,14 +789,14 @@ impl Client {
                 self.saw_version(*user, version)
             }
             (Op::Read { user }, Observed::Read(read, version)) => {
-                let model = after.get(user).cloned().unwrap_or_default();
+                let model = shown(after.get(user), channels);
                 assert_eq!(read, model, "{name}: read of user {user}");
                 self.saw_version(*user, version);
             }
             (Op::Badges { users }, Observed::Badges(counts)) => {
                 let expected: Vec<(u64, u32)> = users
                     .iter()
-                    .map(|u| badge(&after.get(u).cloned().unwrap_or_default()))
+                    .map(|u| badge(&shown(after.get(u), channels)))
                     .collect();
                 assert_eq!(counts, expected, "{name}: badges of {users:?}");
             }
@@ -666,13 +810,21 @@ impl Client {
     async fn resolve(
         &mut self,
         service: &ReadStatesService,
+        cache: &Cache,
         op: &Op,
-        before: &BTreeMap<u64, UserModel>,
-        after: &BTreeMap<u64, UserModel>,
+        before: &Model,
+        after: &Model,
         expect: Expect,
     ) {
         let users = op.changed_users();
-        if users.is_empty() {
+        // The client's own channel, if the change may have changed it.
+        let channel = match op {
+            Op::Switch { channel, .. } | Op::Message { channel, .. } if *channel == self.own => {
+                Some(*channel)
+            }
+            _ => None,
+        };
+        if users.is_empty() && channel.is_none() {
             return;
         }
         self.unanswered += 1;
@@ -697,10 +849,13 @@ impl Client {
             };
             seen.insert(*user, observed);
         }
-        let matches = |models: &BTreeMap<u64, UserModel>| {
+        let seen_channel = channel
+            .map(|id| (cache.channels()).read(|channels| channels.get(&id).map(ChannelModel::of)));
+        let matches = |(models, channels): &Model| {
             users
                 .iter()
-                .all(|u| seen[u] == models.get(u).cloned().unwrap_or_default())
+                .all(|u| seen[u] == shown(models.get(u), channels))
+                && channel.is_none_or(|id| seen_channel == Some(channels.get(&id).cloned()))
         };
         let applied = match (matches(before), matches(after)) {
             // The change changed nothing for these users: either way.
@@ -708,7 +863,8 @@ impl Client {
             (false, true) => true,
             (true, false) => false,
             (false, false) => panic!(
-                "{}: {op:?} was applied in part: users {seen:?}, before {before:?}, after {after:?}",
+                "{}: {op:?} was applied in part: users {seen:?}, channel {seen_channel:?}, \
+                 before {before:?}, after {after:?}",
                 self.name
             ),
         };
@@ -717,11 +873,14 @@ impl Client {
             (Expect::Applied, false) => {
                 panic!("{}: {op:?} failed its write but was not applied", self.name)
             }
-            (_, true) => self.models = after.clone(),
+            (_, true) => (self.models, self.channels) = after.clone(),
             (_, false) => {}
         }
     }
 }
+
+/// What a client knows: its users, and its own channel's state.
+type Model = (BTreeMap<u64, UserModel>, ChannelModels);
 
 /// What a change that got no answer, or an error, may have done.
 #[derive(Clone, Copy, Debug)]
@@ -743,6 +902,10 @@ struct Outcome {
     unanswered: usize,
     /// Shutdowns that could not write everything (and said so).
     lossy_shutdowns: usize,
+    /// Clients whose own channel ended counted by channel, and the messages
+    /// it took.
+    switched: usize,
+    counted_by_channel: usize,
 }
 
 /// One seed: `LIFETIMES` lifetimes on one store.
@@ -755,6 +918,8 @@ async fn simulate(seed: u64) -> Outcome {
         .map(|c| Client {
             name: format!("seed {seed}, client {c}"),
             models: BTreeMap::new(),
+            channels: ChannelModels::new(),
+            own: OWN_CHANNELS + c,
             versions: BTreeMap::new(),
             rng: fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(c)),
             operations: 0,
@@ -792,6 +957,10 @@ async fn simulate(seed: u64) -> Outcome {
             },
             store.clone(),
         );
+        // As the application does before it serves (the store may fail).
+        while cache.channels().load_stored().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let service = Arc::new(ReadStatesService::new(
             cache.clone(),
@@ -802,11 +971,11 @@ async fn simulate(seed: u64) -> Outcome {
             .drain(..)
             .enumerate()
             .map(|(c, mut client)| {
-                let service = service.clone();
+                let (service, cache) = (service.clone(), cache.clone());
                 let first = 1 + c as u64 * 1_000;
                 let users: Vec<u64> = (first..first + USERS_PER_CLIENT).collect();
                 tokio::spawn(async move {
-                    client.run(&service, &users, OPS_PER_CLIENT).await;
+                    client.run(&service, &cache, &users, OPS_PER_CLIENT).await;
                     client
                 })
             })
@@ -851,7 +1020,23 @@ async fn simulate(seed: u64) -> Outcome {
         }
         // The store holds exactly what the clients were told, unless the
         // shutdown report says some of it was not written.
+        let stored_channels: ChannelModels = (durable.load_channels().await.unwrap().iter())
+            .map(|c| (c.channel_id(), ChannelModel::of(c)))
+            .collect();
         for client in &mut clients {
+            let stored = stored_channels.get(&client.own);
+            if report.unwritten == 0 {
+                assert_eq!(
+                    stored,
+                    client.channels.get(&client.own),
+                    "{}, lifetime {lifetime}: stored channel",
+                    client.name
+                );
+            } else if let Some(stored) = stored {
+                client.channels.insert(client.own, stored.clone());
+            } else {
+                client.channels.clear();
+            }
             for (user, model) in client.models.iter_mut() {
                 let stored = durable.load(*user).await.unwrap();
                 let live: Vec<ReadState> = stored
@@ -887,6 +1072,11 @@ async fn simulate(seed: u64) -> Outcome {
         streamed: clients.iter().map(|c| c.streamed).sum(),
         unanswered: clients.iter().map(|c| c.unanswered).sum(),
         lossy_shutdowns,
+        switched: clients.iter().filter(|c| !c.channels.is_empty()).count(),
+        counted_by_channel: (clients.iter())
+            .flat_map(|c| c.channels.values())
+            .map(|c| c.recent.len())
+            .sum(),
     }
 }
 
@@ -917,6 +1107,8 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
                 total.streamed += outcome.streamed;
                 total.unanswered += outcome.unanswered;
                 total.lossy_shutdowns += outcome.lossy_shutdowns;
+                total.switched += outcome.switched;
+                total.counted_by_channel += outcome.counted_by_channel;
             }
             Err(panic) => {
                 eprintln!("simulation failed at seed {seed}; replay with SIMULATION_SEED={seed}");
@@ -926,12 +1118,19 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
     }
     println!(
         "simulation: {} seeds, {} operations ({} over Apply streams; {} refused or cut \
-         and resolved), {} shutdowns that reported unwritten changes, in {:.1?}",
+         and resolved), {} shutdowns that reported unwritten changes, {} channels switched \
+         to counting by channel that took {} messages, in {:.1?}",
         seeds.len(),
         total.operations,
         total.streamed,
         total.unanswered,
         total.lossy_shutdowns,
+        total.switched,
+        total.counted_by_channel,
         started.elapsed()
+    );
+    assert!(
+        seeds.len() < 100 || total.counted_by_channel > 0,
+        "no message was counted by channel"
     );
 }
