@@ -220,7 +220,7 @@ impl ChannelStates {
                     .collect()
             };
             for channel in due {
-                self.write(channel).await;
+                let _ = self.write(channel).await;
             }
         }
     }
@@ -242,7 +242,7 @@ impl ChannelStates {
             }
             let mut failed = false;
             for channel in unwritten {
-                failed |= !self.write(channel).await;
+                failed |= self.write(channel).await.is_err();
             }
             if failed {
                 if Instant::now() + retry > deadline {
@@ -254,21 +254,33 @@ impl ChannelStates {
         }
     }
 
-    /// Writes one snapshot and marks what it held written. Returns whether
-    /// the write succeeded.
-    async fn write(&self, snapshot: ChannelState) -> bool {
+    /// Write-through (a write delay of zero): writes `channel_id` before
+    /// the request that changed it answers. A failed write leaves the change
+    /// applied and unwritten, for the writer to retry.
+    pub async fn write_through(&self, channel_id: u64) -> Result<(), StoreError> {
+        if !self.write_delay.is_zero() {
+            return Ok(());
+        }
+        let snapshot = self.held().channels.get(&channel_id).cloned();
+        match snapshot {
+            Some(snapshot) => self.write(snapshot).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Writes one snapshot and marks what it held written.
+    async fn write(&self, snapshot: ChannelState) -> Result<(), StoreError> {
         let result = self.store.write_channel(&snapshot).await;
         let id = snapshot.channel_id();
         let mut held = self.held_mut();
         let now = Instant::now();
         let current = held.channels.get(&id).map_or(0, ChannelState::version);
         let Some(unwritten) = held.unwritten.get_mut(&id) else {
-            return result.is_ok();
+            return result;
         };
-        match result {
+        match &result {
             Ok(()) if current == snapshot.version() => {
                 held.unwritten.remove(&id);
-                true
             }
             Ok(()) => {
                 // Changed while being written: the rest in the next window.
@@ -276,16 +288,15 @@ impl ChannelStates {
                     due: now + self.write_delay,
                     failures: 0,
                 };
-                true
             }
             Err(e) => {
                 unwritten.failures += 1;
                 let backoff = RETRY_MIN * 2u32.saturating_pow(unwritten.failures - 1);
                 unwritten.due = now + backoff.min(RETRY_MAX);
                 tracing::warn!(channel_id = id, error = %e, "channel write failed; retrying");
-                false
             }
         }
+        result
     }
 
     fn mark_unwritten(&self, held: &mut Held, channel_id: u64) {

@@ -18,6 +18,12 @@ pub enum Error {
         "the change to user {user_id} could not be written, it is retried in the background: {reason}"
     )]
     WriteFailed { user_id: u64, reason: String },
+    /// Write-through mode: a change to a channel counted by channel could
+    /// not be written before the answer; as [`Error::WriteFailed`].
+    #[error(
+        "the change to channel {channel_id} could not be written, it is retried in the background: {reason}"
+    )]
+    ChannelWriteFailed { channel_id: u64, reason: String },
     /// The store is not keeping up (or is down): too many evicted read
     /// states wait for it, and memory must not grow further.
     #[error("{evicted} evicted read states are waiting for the store (limit {limit}); retry later")]
@@ -98,6 +104,7 @@ impl Error {
             Error::TooManySubscriptions { .. } => Code::ResourceExhausted,
             Error::LoadFailed { .. }
             | Error::WriteFailed { .. }
+            | Error::ChannelWriteFailed { .. }
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
             | Error::NotServed { .. }

@@ -9,6 +9,7 @@ mod ack;
 mod ack_all;
 mod apply;
 mod bulk_ack;
+mod by_channel;
 mod convert;
 mod deadline;
 mod delete_read_states;

@@ -8,7 +8,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::recipients::{Effect, counted_by_channel, recipients};
+use super::by_channel;
+use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
@@ -33,7 +34,8 @@ pub async fn handle(
     )?;
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let by_channel = counted_by_channel(&channels, key, message_id, &request.unread_user_ids)?;
+    let by_channel =
+        by_channel::counted_from(&channels, key, message_id, &request.unread_user_ids)?;
     let (took, changed) = cache
         .update_many_after(
             &user_ids,
@@ -57,6 +59,9 @@ pub async fn handle(
             },
         )
         .await?;
+    if took {
+        by_channel::write_through(&channels, key.channel_id).await?;
+    }
     let users = changed.into_iter().filter(|&c| c).count() as u32;
     Ok(MessageCreatedResponse {
         updated: users + u32::from(took),

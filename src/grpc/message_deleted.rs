@@ -9,7 +9,8 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::recipients::{Effect, counted_by_channel, recipients};
+use super::by_channel;
+use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
@@ -35,7 +36,8 @@ pub async fn handle(
     };
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let by_channel = counted_by_channel(&channels, key, message_id, &request.unread_user_ids)?;
+    let by_channel =
+        by_channel::counted_from(&channels, key, message_id, &request.unread_user_ids)?;
     let (left, lowered) = cache
         .update_many_once(
             &user_ids,
@@ -55,6 +57,9 @@ pub async fn handle(
             },
         )
         .await?;
+    if left {
+        by_channel::write_through(&channels, key.channel_id).await?;
+    }
     let users = lowered.into_iter().filter(|&l| l).count() as u32;
     Ok(MessageDeletedResponse {
         updated: users + u32::from(left),

@@ -2,9 +2,7 @@
 //! them: validated against the same limits, one entry per user.
 
 use super::validate;
-use crate::channel_states::ChannelStates;
 use crate::error::Error;
-use crate::read_state::Key;
 
 /// What a message is to one user. The order is precedence: a user listed
 /// more than once takes the first of these.
@@ -40,29 +38,4 @@ pub fn recipients(
     effects.sort_unstable();
     effects.dedup_by_key(|(id, _)| *id);
     Ok(effects)
-}
-
-/// Where a message past its channel's switch to counting by channel is
-/// counted from (`None` for a message counted per member). Such a message
-/// lists no members: the channel counts it for all of them.
-pub fn counted_by_channel(
-    channels: &ChannelStates,
-    key: Key,
-    message_id: u64,
-    unread_user_ids: &[u64],
-) -> Result<Option<u64>, Error> {
-    let by_channel = channels
-        .counted_from(key)
-        .filter(|&counted_from| message_id > counted_from);
-    match by_channel {
-        Some(counted_from) if !unread_user_ids.is_empty() => Err(Error::invalid(
-            "unread_user_ids",
-            format!(
-                "must be empty: channel {} is counted by channel after message {counted_from}, \
-                 so its members are not listed",
-                key.channel_id
-            ),
-        )),
-        _ => Ok(by_channel),
-    }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::validate;
+use super::{by_channel, validate};
 use crate::cache::Cache;
 use crate::error::Error;
 use crate::proto::{SetChannelCountingRequest, SetChannelCountingResponse};
@@ -26,7 +26,12 @@ pub async fn handle(
         )
         .await?;
     match switched {
-        Ok(applied) => Ok(SetChannelCountingResponse { applied }),
+        Ok(applied) => {
+            if applied {
+                by_channel::write_through(&channels, channel_id).await?;
+            }
+            Ok(SetChannelCountingResponse { applied })
+        }
         Err(already) => Err(Error::SwitchedAlready {
             channel_id,
             counted_from: already.counted_from,

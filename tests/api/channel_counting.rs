@@ -2,15 +2,19 @@
 //! names no members and still counts for every one of them, exactly and
 //! retry-safe, in read states, totals, badges and after a restart.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use readstates::config::StoreKind;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::*;
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::test_support::{ack, delete, message};
 use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::fleet::two_nodes;
-use crate::helpers::{TestApp, spawn_app, spawn_app_with, test_config};
+use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
 
 const CHANNEL: u64 = 10;
 /// The channel's last message when it is switched.
@@ -513,4 +517,47 @@ async fn watched_members_are_told_their_counts_a_few_times_a_second() {
     // And nothing more once the messages stop.
     let quiet = tokio::time::timeout(std::time::Duration::from_millis(600), events.message());
     assert!(quiet.await.is_err(), "no event without a message");
+}
+
+/// With a write delay of zero, a channel's change is written before its
+/// request answers, as a user's is; a failed write is UNAVAILABLE "retried
+/// in the background", stays applied, and is written once the store is back.
+#[tokio::test]
+async fn write_through_writes_a_channels_change_before_answering() {
+    let store = Arc::new(FaultyStore::memory());
+    let mut config = test_config();
+    config.write_delay = Duration::ZERO;
+    let mut app = spawn_app_on(config, store.clone()).await;
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    let newest = |store: &FaultyStore| store.channel_writes().last().map(|c| c.last_message_id());
+    assert_eq!(newest(&store), Some(SWITCHED_AT));
+    c.message_created(message(CHANNEL, 101, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(newest(&store), Some(101), "written before the answer");
+
+    store.inject(
+        Fault::new(Operation::Write, Effect::Fail)
+            .user(CHANNEL)
+            .times(1),
+    );
+    let failed = c
+        .message_created(message(CHANNEL, 102, 0, &[], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable);
+    assert!(
+        failed.message().contains("retried in the background"),
+        "{failed:?}"
+    );
+    c.ack(join(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    assert_eq!(
+        counts(&mut app, 1).await,
+        Some((0, 2, false)),
+        "102 applied"
+    );
+    crate::helpers::eventually("102 written", async || newest(&store) == Some(102)).await;
 }
