@@ -123,6 +123,18 @@ impl Channels for std::collections::HashMap<u64, ChannelState> {
     }
 }
 
+/// Where a node holds its channels counted by channel: every read state of
+/// one is looked up here when its user's counts are read, so it hashes
+/// fast (foldhash) rather than with SipHash, which is proof against
+/// flooding by untrusted keys: these are channels the backend switched.
+pub type ChannelMap = hashbrown::HashMap<u64, ChannelState>;
+
+impl Channels for ChannelMap {
+    fn get(&self, channel_id: u64) -> Option<&ChannelState> {
+        ChannelMap::get(self, &channel_id)
+    }
+}
+
 impl ChannelState {
     /// A channel switched to counting by channel, with `counted_from` its
     /// last message so far.

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel_state::{ChannelState, Channels};
+use crate::channel_state::{ChannelMap, ChannelState, Channels};
 use crate::read_state::Key;
 use crate::store::{Store, StoreError};
 
@@ -34,7 +34,7 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What a node with no channel counted by channel reads, without a lock.
-static NONE: LazyLock<HashMap<u64, ChannelState>> = LazyLock::new(HashMap::new);
+static NONE: LazyLock<ChannelMap> = LazyLock::new(ChannelMap::new);
 
 #[derive(Debug)]
 pub struct ChannelStates {
@@ -50,7 +50,7 @@ pub struct ChannelStates {
 
 #[derive(Debug, Default)]
 struct Held {
-    channels: HashMap<u64, ChannelState>,
+    channels: ChannelMap,
     unwritten: HashMap<u64, Unwritten>,
     /// Channels whose members' counts moved since Watch streams were last
     /// told (see [`crate::watch::recount`]).
@@ -116,7 +116,7 @@ impl ChannelStates {
     }
 
     /// Runs `read` over every channel counted by channel.
-    pub fn read<R>(&self, read: impl FnOnce(&HashMap<u64, ChannelState>) -> R) -> R {
+    pub fn read<R>(&self, read: impl FnOnce(&ChannelMap) -> R) -> R {
         if !self.any.load(Ordering::Acquire) {
             return read(&NONE);
         }

@@ -158,6 +158,18 @@ pub struct Counts {
     pub unread_channel_count: u32,
 }
 
+impl Counts {
+    /// The badge numbers of live read states with their whole unread
+    /// counts (see [`Channels::shown`]).
+    pub fn of(states: impl IntoIterator<Item = ReadState>) -> Counts {
+        states.into_iter().fold(Counts::default(), |mut counts, e| {
+            counts.total_mention_count += u64::from(e.mention_count);
+            counts.unread_channel_count += u32::from(e.is_unread());
+            counts
+        })
+    }
+}
+
 /// A user's versions without its read states: what the cache keeps beside
 /// the read states, which it stores packed (see [`UserReadStates::from_parts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -819,19 +831,7 @@ impl<'a> UserView<'a> {
     /// The badge numbers, with the unread counts of channels counted by
     /// channel counted now.
     pub fn counts(self, channels: &impl Channels) -> Counts {
-        self.live().fold(Counts::default(), |mut counts, e| {
-            let unread = match channels.of(e) {
-                Some(channel) => ReadState {
-                    unread_count: channel.unread(e).count,
-                    ..*e
-                }
-                .is_unread(),
-                None => e.is_unread(),
-            };
-            counts.total_mention_count += u64::from(e.mention_count);
-            counts.unread_channel_count += u32::from(unread);
-            counts
-        })
+        Counts::of(self.live().map(|e| channels.shown(e).state))
     }
 
     /// What changed after `since`, or the full set when `since` is 0 or no

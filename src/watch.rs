@@ -51,15 +51,22 @@ impl Change {
     ) -> Change {
         let user = user.into();
         let delta = user.delta(since, channels);
+        let read_states: Vec<Shown> = (delta.read_states.into_iter())
+            .map(|state| channels.shown(state))
+            .collect();
+        // The full set is every live read state: its totals are counted
+        // from what is sent, each read state once.
+        let counts = match delta.partial {
+            false => Counts::of(read_states.iter().map(|s| s.state)),
+            true => user.counts(channels),
+        };
         Change {
             user_id,
             version: user.version(),
             partial: delta.partial,
-            read_states: (delta.read_states.into_iter())
-                .map(|state| channels.shown(state))
-                .collect(),
+            read_states,
             deleted: delta.deleted,
-            counts: user.counts(channels),
+            counts,
             recounted: false,
         }
     }

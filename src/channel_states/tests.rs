@@ -168,7 +168,7 @@ async fn what_the_node_holds_reaches_the_store_whatever_it_does_meanwhile() {
             }
             settle(ms(random.u64(0..20_000))).await;
         }
-        let held = channels.read(|c| c.clone());
+        let held: HashMap<u64, ChannelState> = channels.read(|c| c.clone().into_iter().collect());
         if random.bool() {
             store.clear();
             settle(DELAY + RETRY_MAX * 2).await;
