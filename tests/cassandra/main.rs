@@ -7,6 +7,7 @@
 //! run side by side in one keyspace. The outage test stops Cassandra, so it
 //! runs one of its own on another port.
 
+mod channel_counting;
 mod coalescing;
 mod durability;
 mod eviction;
