@@ -77,6 +77,29 @@ async fn counts(app: &mut TestApp, user_id: u64) -> Option<(u32, u32, bool)> {
     counts_in(&mut app.client, user_id, CHANNEL).await
 }
 
+/// A Watch stream subscribed to `users` (from scratch); the sender keeps it
+/// open.
+async fn watching(
+    app: &mut TestApp,
+    users: &[u64],
+) -> (
+    tokio::sync::mpsc::Sender<WatchRequest>,
+    tonic::Streaming<WatchEvent>,
+) {
+    let (requests, stream) = tokio::sync::mpsc::channel(users.len().max(1));
+    for &user_id in users {
+        let subscribe = WatchSubscribe {
+            user_id,
+            since_version: 0,
+        };
+        let action = Some(watch_request::Action::Subscribe(subscribe));
+        requests.send(WatchRequest { action }).await.unwrap();
+    }
+    let stream = tokio_stream::wrappers::ReceiverStream::new(stream);
+    let events = app.client.watch(stream).await.unwrap().into_inner();
+    (requests, events)
+}
+
 /// (total mentions, unread channels) of each user, from GetBadgeCounts.
 async fn badges(app: &mut TestApp, user_ids: &[u64]) -> Vec<(u64, u32)> {
     let request = GetBadgeCountsRequest {
@@ -376,20 +399,7 @@ async fn a_watched_members_events_carry_the_counts_of_the_channel() {
             .await
             .unwrap();
     }
-    let (requests, stream) = tokio::sync::mpsc::channel(4);
-    let mut events = app
-        .client
-        .watch(tokio_stream::wrappers::ReceiverStream::new(stream))
-        .await
-        .unwrap()
-        .into_inner();
-    let subscribe = WatchRequest {
-        action: Some(watch_request::Action::Subscribe(WatchSubscribe {
-            user_id: 1,
-            since_version: 0,
-        })),
-    };
-    requests.send(subscribe).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1]).await;
     // The next change of the user (a recount of the messages before may
     // come first).
     async fn changed(events: &mut tonic::Streaming<WatchEvent>) -> ReadStatesChanged {
@@ -465,20 +475,8 @@ async fn watched_members_are_told_their_counts_a_few_times_a_second() {
     let mut app = counted_channel(&[1, 2]).await;
     // User 3 is watched, and in another channel only.
     app.client.ack(ack(3, CHANNEL + 1, 5)).await.unwrap();
-    let (requests, stream) = tokio::sync::mpsc::channel(4);
-    let mut events = app
-        .client
-        .watch(tokio_stream::wrappers::ReceiverStream::new(stream))
-        .await
-        .unwrap()
-        .into_inner();
-    for user_id in [1, 3] {
-        let subscribe = WatchSubscribe {
-            user_id,
-            since_version: 0,
-        };
-        let action = Some(watch_request::Action::Subscribe(subscribe));
-        requests.send(WatchRequest { action }).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1, 3]).await;
+    for _ in [1, 3] {
         events.message().await.unwrap().unwrap();
     }
     let started = tokio::time::Instant::now();
