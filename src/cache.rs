@@ -214,24 +214,41 @@ impl Cache {
         user_ids: &[u64],
         f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<Vec<R>, Error> {
-        let ((), results) = self.update_many_after(user_ids, |_| (), f).await?;
+        let ((), results) = self.update_many_after(user_ids, |_| Ok(()), f).await?;
         Ok(results)
     }
 
     /// [`Cache::update_many`], with a change to a channel's state (`first`,
     /// given the clock) made before the users' in the same step: once every
     /// user is loaded and pinned, inside the gate, so that it is made only
-    /// with the users' changes, and refused with them at shutdown.
+    /// with the users' changes, and refused with them at shutdown. No
+    /// channel is switched from `first` until the users are changed, so
+    /// what `first` finds decides how they are; an error from it refuses
+    /// the whole change.
     pub async fn update_many_after<T, R>(
         self: &Arc<Self>,
         user_ids: &[u64],
-        first: impl FnOnce(u64) -> T,
+        first: impl FnOnce(u64) -> Result<T, Error>,
         mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> R,
     ) -> Result<(T, Vec<R>), Error> {
         self.change_many(user_ids, first, |shard, index, user_id, now_us| {
             self.apply_change(shard, user_id, |user| f(index, user, now_us))
         })
         .await
+    }
+
+    /// A change to the channels counted by channel alone (a switch), given
+    /// the clock: inside the gate like any change, so refused once shutdown
+    /// begins (the final flush holds what was applied).
+    pub fn change_channels<T>(
+        &self,
+        change: impl FnOnce(&ChannelStates, u64) -> T,
+    ) -> Result<T, Error> {
+        self.check_unwritten()?;
+        let entry = self.gate.enter()?;
+        let changed = change(&self.channels, clock::now_micros());
+        drop(entry);
+        Ok(changed)
     }
 
     /// [`Cache::update_many_after`] for a deleted message, which lowers each
@@ -242,7 +259,7 @@ impl Cache {
         self: &Arc<Self>,
         user_ids: &[u64],
         deletion: Deletion,
-        first: impl FnOnce(u64) -> T,
+        first: impl FnOnce(u64) -> Result<T, Error>,
         mut f: impl FnMut(usize, &mut UserReadStates<Stored<'_>>, u64) -> bool,
     ) -> Result<(T, Vec<bool>), Error> {
         self.change_many(user_ids, first, |shard, index, user_id, now_us| {
@@ -265,7 +282,7 @@ impl Cache {
     async fn change_many<T, R>(
         self: &Arc<Self>,
         user_ids: &[u64],
-        first: impl FnOnce(u64) -> T,
+        first: impl FnOnce(u64) -> Result<T, Error>,
         mut change: impl FnMut(&mut Shard, usize, u64, u64) -> Option<(R, Option<UserWrite>)>,
     ) -> Result<(T, Vec<R>), Error> {
         self.check_unwritten()?;
@@ -289,7 +306,8 @@ impl Cache {
         // One clock read for the whole request: each user's version still
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
-        let first = first(now_us);
+        let switches = self.channels.hold_switches();
+        let first = first(now_us)?;
         let mut results = Vec::with_capacity(user_ids.len());
         let mut writes = Vec::new();
         for (index, &user_id) in user_ids.iter().enumerate() {
@@ -310,6 +328,7 @@ impl Cache {
                 None => tracing::error!(user_id, "a pinned user was not held; skipped"),
             }
         }
+        drop(switches);
         drop(entry);
         pins.let_go();
         self.write_through(writes).await?;

@@ -46,6 +46,12 @@ pub struct ChannelStates {
     any: AtomicBool,
     /// Wakes the writer when a channel has its first unwritten change.
     changed: Notify,
+    /// Taken by a switch (write), and by every change of many users from
+    /// its decision (counted per member or by channel) until its users are
+    /// changed (read), so that no message decided per member is applied
+    /// past a switch it did not see. Never held with `held`, nor taken
+    /// under a shard lock.
+    switches: RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -82,6 +88,7 @@ impl ChannelStates {
             held: RwLock::default(),
             any: AtomicBool::new(false),
             changed: Notify::new(),
+            switches: RwLock::default(),
         })
     }
 
@@ -147,6 +154,8 @@ impl ChannelStates {
         counted_from: u64,
         now_us: u64,
     ) -> Result<bool, SwitchedAlready> {
+        // Waits for the changes deciding without this switch.
+        let _switches = self.switches.write().unwrap_or_else(|p| p.into_inner());
         let mut held = self.held_mut();
         if let Some(channel) = held.channels.get(&channel_id) {
             return match channel.counted_from() {
@@ -189,6 +198,12 @@ impl ChannelStates {
             return Vec::new();
         }
         held.recounted.drain().collect()
+    }
+
+    /// Holds off switches while a change decides how a message is counted
+    /// and applies it (see [`ChannelStates::switch`]).
+    pub fn hold_switches(&self) -> RwLockReadGuard<'_, ()> {
+        self.switches.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Channels with changes the store does not hold yet.

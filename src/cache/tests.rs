@@ -520,7 +520,7 @@ mod release {
                 .update_many_once(
                     &[1],
                     deletion,
-                    |_| (),
+                    |_| Ok(()),
                     |_, user, now| user.message_deleted(Key::channel(5), 61, false, now),
                 )
                 .await

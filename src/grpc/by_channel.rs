@@ -1,6 +1,8 @@
 //! What the handlers share about channels counted by channel: which
 //! messages they count, and writing a channel's change through.
 
+use std::sync::OnceLock;
+
 use crate::channel_states::ChannelStates;
 use crate::error::Error;
 use crate::read_state::Key;
@@ -8,7 +10,7 @@ use crate::read_state::Key;
 /// Where a message past its channel's switch to counting by channel is
 /// counted from (`None` for a message counted per member). Such a message
 /// lists no members: the channel counts it for all of them.
-pub fn counted_from(
+fn counted_from(
     channels: &ChannelStates,
     key: Key,
     message_id: u64,
@@ -27,6 +29,52 @@ pub fn counted_from(
             ),
         )),
         _ => Ok(by_channel),
+    }
+}
+
+/// How a message (or a deletion) is counted: per member, or by its channel.
+/// Checked when the request arrives (a member list for a channel counted by
+/// channel is refused before anyone is loaded), and decided again in the
+/// step that changes the users ([`Counted::decide`], from the first part of
+/// [`crate::cache::Cache::update_many_after`]), where no switch can overtake
+/// it: a message that waited for a load while its channel was switched is
+/// refused then, not counted per member past the switch.
+#[derive(Debug)]
+pub struct Counted<'a> {
+    channels: &'a ChannelStates,
+    key: Key,
+    message_id: u64,
+    unread_user_ids: &'a [u64],
+    decided: OnceLock<bool>,
+}
+
+impl<'a> Counted<'a> {
+    pub fn new(
+        channels: &'a ChannelStates,
+        key: Key,
+        message_id: u64,
+        unread_user_ids: &'a [u64],
+    ) -> Result<Counted<'a>, Error> {
+        counted_from(channels, key, message_id, unread_user_ids)?;
+        Ok(Counted {
+            channels,
+            key,
+            message_id,
+            unread_user_ids,
+            decided: OnceLock::new(),
+        })
+    }
+
+    /// Decides, for good: whether the channel counts the message.
+    pub fn decide(&self) -> Result<bool, Error> {
+        let (channels, key) = (self.channels, self.key);
+        let from = counted_from(channels, key, self.message_id, self.unread_user_ids)?;
+        Ok(*self.decided.get_or_init(|| from.is_some()))
+    }
+
+    /// What [`Counted::decide`] decided (per member, if it has not).
+    pub fn by_channel(&self) -> bool {
+        self.decided.get().copied().unwrap_or(false)
     }
 }
 

@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::by_channel;
+use super::by_channel::{self, Counted};
 use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
@@ -34,21 +34,20 @@ pub async fn handle(
     )?;
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let by_channel =
-        by_channel::counted_from(&channels, key, message_id, &request.unread_user_ids)?;
+    let counted = Counted::new(&channels, key, message_id, &request.unread_user_ids)?;
     let (took, changed) = cache
         .update_many_after(
             &user_ids,
             |now_us| {
-                by_channel.is_some()
+                Ok(counted.decide()?
                     && channels
                         .update(key.channel_id, |c| c.message_created(message_id, now_us))
-                        .unwrap_or(false)
+                        .unwrap_or(false))
             },
             |index, user, now_us| {
                 channels.read(|channels| match (effects[index].1, channels.get_key(key)) {
                     (Effect::Author, _) => user.ack(key, message_id, now_us).is_some(),
-                    (Effect::Mention, Some(channel)) if by_channel.is_some() => {
+                    (Effect::Mention, Some(channel)) if counted.by_channel() => {
                         user.mentioned(key, message_id, now_us, channel)
                     }
                     (effect, _) => {

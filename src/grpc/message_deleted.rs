@@ -9,7 +9,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::by_channel;
+use super::by_channel::{self, Counted};
 use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::validate;
@@ -36,21 +36,20 @@ pub async fn handle(
     };
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let by_channel =
-        by_channel::counted_from(&channels, key, message_id, &request.unread_user_ids)?;
+    let counted = Counted::new(&channels, key, message_id, &request.unread_user_ids)?;
     let (left, lowered) = cache
         .update_many_once(
             &user_ids,
             deletion,
             |now_us| {
-                by_channel.is_some()
+                Ok(counted.decide()?
                     && channels
                         .update(key.channel_id, |c| c.message_deleted(message_id, now_us))
-                        .unwrap_or(false)
+                        .unwrap_or(false))
             },
-            |index, user, now_us| match by_channel {
-                Some(_) => user.mention_deleted(key, message_id, now_us),
-                None => {
+            |index, user, now_us| match counted.by_channel() {
+                true => user.mention_deleted(key, message_id, now_us),
+                false => {
                     let mentioned = effects[index].1 == Effect::Mention;
                     user.message_deleted(key, message_id, mentioned, now_us)
                 }

@@ -16,15 +16,9 @@ pub async fn handle(
 ) -> Result<SetChannelCountingResponse, Error> {
     let channel_id = validate::id("channel_id", request.channel_id)?;
     let channels = cache.channels().clone();
-    // Through the cache's gate, like any change: refused once shutdown
-    // begins, so the final flush holds it.
-    let (switched, _) = cache
-        .update_many_after(
-            &[],
-            |now_us| channels.switch(channel_id, request.counted_from, now_us),
-            |_, _, _| (),
-        )
-        .await?;
+    let switched = cache.change_channels(|channels, now_us| {
+        channels.switch(channel_id, request.counted_from, now_us)
+    })?;
     match switched {
         Ok(applied) => {
             if applied {

@@ -559,3 +559,43 @@ async fn write_through_writes_a_channels_change_before_answering() {
     );
     crate::helpers::eventually("102 written", async || newest(&store) == Some(102)).await;
 }
+
+/// A message with a member list that waits for a member's load while its
+/// channel is switched is refused once the switch is seen (its id is past
+/// `counted_from`), never counted per member: the channel takes it when it
+/// comes again without the list, and it counts once. (Found in review: it
+/// was counted per member, then again by the channel.)
+#[tokio::test]
+async fn a_member_list_message_overtaken_by_the_switch_is_refused_and_counts_once() {
+    let store = Arc::new(FaultyStore::memory());
+    let slow = Effect::Delay(Duration::from_millis(300));
+    store.inject(Fault::new(Operation::Load, slow).user(1));
+    let mut app = spawn_app_on(test_config(), store).await;
+    app.client.ack(join(2, CHANNEL, SWITCHED_AT)).await.unwrap();
+    let mut client = app.client.clone();
+    // Waits for user 1's load.
+    let listed = tokio::spawn(async move {
+        let request = message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[1, 2]);
+        client.message_created(request).await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let switch = app
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT));
+    assert!(switch.await.unwrap().into_inner().applied);
+    let refused = listed.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        counts(&mut app, 2).await,
+        Some((0, 0, false)),
+        "nothing applied"
+    );
+
+    let again = message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[]);
+    app.client.message_created(again).await.unwrap();
+    assert_eq!(
+        counts(&mut app, 2).await,
+        Some((0, 1, false)),
+        "counted once"
+    );
+}
