@@ -3,7 +3,8 @@
 //!
 //! For each member count, a node (memory store, write-behind far off) holds
 //! N members of a channel counted per member and N of one counted by
-//! channel. Each message then mentions 3 members: per member, the backend
+//! channel. Each message then mentions 3 members (and, by channel, none):
+//! per member, the backend
 //! lists every member (in calls of at most 10,000, as the API allows); by
 //! channel, it lists only the mentions. Printed per message: the thread's
 //! CPU time, and the read states and channel states it changed (each one a
@@ -11,6 +12,7 @@
 //!
 //! cargo run --release --example huge_channel -- [MEMBERS...]
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +29,6 @@ const PER_MEMBER: u64 = 1;
 const BY_CHANNEL: u64 = 2;
 /// The most users one MessageCreated lists.
 const USERS_PER_CALL: usize = 10_000;
-const MENTIONS: u64 = 3;
 
 /// CPU time this thread has run, in nanoseconds.
 fn cpu_ns() -> u64 {
@@ -80,15 +81,22 @@ impl Node {
         Node { service }
     }
 
-    /// Sends `messages` messages to `channel`, each mentioning 3 members;
-    /// CPU nanoseconds and states changed (read states and channel states)
-    /// per message.
-    async fn messages(&self, channel: u64, members: u64, messages: u64) -> (u64, u64) {
+    /// Sends `messages` messages to `channel`, each mentioning `mentions`
+    /// members; CPU nanoseconds and states changed (read states and channel
+    /// states) per message.
+    async fn messages(
+        &self,
+        channel: u64,
+        members: u64,
+        ids: Range<u64>,
+        mentions: u64,
+    ) -> (u64, u64) {
+        let messages = ids.end - ids.start;
         let mut changed = 0;
         let started = cpu_ns();
-        for i in 0..messages {
-            let message_id = 1_000 + i;
-            let mentioned: Vec<u64> = (0..MENTIONS).map(|m| 1 + (i * 7 + m) % members).collect();
+        for message_id in ids {
+            let i = message_id;
+            let mentioned: Vec<u64> = (0..mentions).map(|m| 1 + (i * 7 + m) % members).collect();
             let listed: Vec<u64> = match channel {
                 PER_MEMBER => (1..=members).filter(|u| !mentioned.contains(u)).collect(),
                 _ => Vec::new(),
@@ -132,11 +140,16 @@ fn main() {
             let node = Node::with_members(n).await;
             // Enough messages for a steady figure, fewer when each is big.
             let per_member = (2_000_000 / n).clamp(3, 2_000);
-            for (name, channel, messages) in [
-                ("per member", PER_MEMBER, per_member),
-                ("by channel", BY_CHANNEL, 20_000),
+            // Each run's messages are newer than the last run's.
+            for (name, channel, ids, mentions) in [
+                ("per member", PER_MEMBER, 1_000..1_000 + per_member, 3),
+                ("by channel", BY_CHANNEL, 1_000..21_000, 3),
+                // The channel alone: what the mentioned users' cache
+                // misses add grows with the cache, not the channel.
+                ("by channel, no mention", BY_CHANNEL, 21_000..41_000, 0),
             ] {
-                let (ns, changed) = node.messages(channel, n, messages).await;
+                let messages = ids.end - ids.start;
+                let (ns, changed) = node.messages(channel, n, ids, mentions).await;
                 println!(
                     "| {n} | {name} | {messages} | {:.2} µs | {changed} |",
                     ns as f64 / 1_000.0
