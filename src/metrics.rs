@@ -36,6 +36,10 @@ pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
 pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
 pub const WATCHED_USERS: &str = "readstates_watched_users";
+/// Channels counted by channel this node holds, and those of them with
+/// changes the store does not hold yet.
+pub const CHANNEL_STATES: &str = "readstates_channel_states";
+pub const UNWRITTEN_CHANNEL_STATES: &str = "readstates_unwritten_channel_states";
 pub const SLOTS: &str = "readstates_slots";
 /// Users of released slots, by how they left: `handed` over warm, or
 /// `written` to the store and dropped (a handoff that failed).
@@ -163,6 +167,8 @@ fn sample(cache: &Cache) {
     gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
     gauge!(WATCHED_USERS).set(gauges.watched as f64);
     gauge!(UNWRITTEN_READ_STATES).set(gauges.unwritten as f64);
+    gauge!(CHANNEL_STATES).set(cache.channels().len() as f64);
+    gauge!(UNWRITTEN_CHANNEL_STATES).set(cache.channels().unwritten() as f64);
     // Evicted before written: memory that only the store can give back;
     // at the limit, changes are refused.
     gauge!(EVICTED_UNWRITTEN).set(cache.evicted_unwritten() as f64);
