@@ -4,8 +4,11 @@
 //! Every such channel is held (they are few: only channels the backend
 //! switched, about 8 KiB each), all loaded at start. A change runs under one
 //! lock and never across an `.await`; a reader (a user's counts, under the
-//! user's shard lock) takes it shared, and a writer never takes a shard lock
-//! while holding it, so the two cannot deadlock.
+//! user's shard lock) takes it shared, never twice on one thread (a second
+//! read would wait behind a waiting writer), and a writer never takes a
+//! shard lock while holding it, so the two cannot deadlock. Switches are
+//! kept apart from the changes that decide how a message is counted by a
+//! lock of their own ([`ChannelStates::hold_switches`]).
 //!
 //! Write-behind as for users: a changed channel is written `write_delay`
 //! after its first unwritten change, so a busy channel's messages coalesce
@@ -49,8 +52,9 @@ pub struct ChannelStates {
     /// Taken by a switch (write), and by every change of many users from
     /// its decision (counted per member or by channel) until its users are
     /// changed (read), so that no message decided per member is applied
-    /// past a switch it did not see. Never held with `held`, nor taken
-    /// under a shard lock.
+    /// past a switch it did not see. Taken before `held` and before any
+    /// shard lock, never while holding either, so the order switches →
+    /// shard → held has no cycle.
     switches: RwLock<()>,
 }
 
