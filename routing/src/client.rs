@@ -3,9 +3,10 @@
 //! retries what was not applied: an `UNAVAILABLE` naming a newer epoch in
 //! its trailers (`x-readstates-epoch`) means "your table is old", so it
 //! reads the table again and retries there at once; any other
-//! `UNAVAILABLE` (a slot being moved, a node restarting or draining), and a
+//! `UNAVAILABLE` (a slot being moved, a node restarting or draining), a
 //! request the transport cancelled before sending it (its connection went
-//! away), is retried after a short backoff, the table read again, until the
+//! away), and one a node going away refused unprocessed (GOAWAY), is
+//! retried after a short backoff, the table read again, until the
 //! retry budget ([`FleetClient::with_retry_budget`]) runs out. Neither was
 //! applied.
 //!
@@ -255,7 +256,7 @@ impl FleetClient {
         loop {
             let status = match attempt().await {
                 Ok(answer) => return Ok(answer),
-                Err(status) if status.code() == Code::Unavailable || is_cut(&status) => status,
+                Err(status) if not_applied(&status) => status,
                 Err(status) => return Err(status),
             };
             if tokio::time::Instant::now() >= deadline {
@@ -301,6 +302,29 @@ impl FleetClient {
         channels.insert(node.address.clone(), channel.clone());
         channel
     }
+}
+
+/// Whether `status` says its request was not applied, so that sending it
+/// again is what the caller wants: UNAVAILABLE from a node, a request the
+/// transport cut (see [`is_cut`]), or one a node refused unprocessed (see
+/// [`refused_by_goaway`]).
+pub fn not_applied(status: &Status) -> bool {
+    status.code() == Code::Unavailable || is_cut(status) || refused_by_goaway(status)
+}
+
+/// A stream a node going away refused with a graceful GOAWAY: above the
+/// last stream it took, so never processed (HTTP/2, RFC 9113 6.8). tonic
+/// reports it as INTERNAL ("h2 protocol error"); only the transport's own
+/// error, never a status a node sent, is taken for one.
+pub fn refused_by_goaway(status: &Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_remote() && h2.reason() == Some(h2::Reason::NO_ERROR);
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// CANCELLED made by this client's transport, not sent by a node (which

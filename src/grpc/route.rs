@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use readstates_routing::client::refused_by_goaway;
 use readstates_routing::slot_of;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -240,6 +241,13 @@ impl Router {
         Req::call(ReadStatesClient::new(channel), request)
             .await
             .map(Response::into_inner)
+            .map_err(|status| match refused_by_goaway(&status) {
+                // Told to the caller as what it is: not applied, retry.
+                true => Status::unavailable(format!(
+                    "{owner} went away before taking the request: not applied"
+                )),
+                false => status,
+            })
     }
 
     /// What marks a request this node sends on: forwarded from here, and
