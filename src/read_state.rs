@@ -15,7 +15,7 @@
 use std::ops::DerefMut;
 use std::time::Duration;
 
-use crate::channel_state::{ChannelState, Channels};
+use crate::channel_state::{ChannelState, Channels, Shown};
 
 /// What a read state tracks. `Channel` is almost everything; the others are
 /// non-message badges.
@@ -149,6 +149,17 @@ pub struct Delta<'a> {
     pub partial: bool,
     pub read_states: Vec<&'a ReadState>,
     pub deleted: Vec<Key>,
+}
+
+/// [`UserView::answer`]: a delta as a client sees it, with the totals.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// False: `read_states` is the full set and replaces what the client holds.
+    pub partial: bool,
+    /// Counted now in a channel counted by channel.
+    pub read_states: Vec<Shown>,
+    pub deleted: Vec<Key>,
+    pub counts: Counts,
 }
 
 /// The badge numbers of one user.
@@ -832,6 +843,27 @@ impl<'a> UserView<'a> {
     /// channel counted now.
     pub fn counts(self, channels: &impl Channels) -> Counts {
         Counts::of(self.live().map(|e| channels.shown(e).state))
+    }
+
+    /// What a client is sent of this user (GetReadStates, a Watch change):
+    /// [`Self::delta`] with each read state as shown, and the totals. The
+    /// full set is every live read state, so its totals are counted from
+    /// what is sent: each read state is counted once.
+    pub fn answer(self, since: u64, channels: &impl Channels) -> Answer {
+        let delta = self.delta(since, channels);
+        let read_states: Vec<Shown> = (delta.read_states.into_iter())
+            .map(|state| channels.shown(state))
+            .collect();
+        let counts = match delta.partial {
+            false => Counts::of(read_states.iter().map(|s| s.state)),
+            true => self.counts(channels),
+        };
+        Answer {
+            partial: delta.partial,
+            read_states,
+            deleted: delta.deleted,
+            counts,
+        }
     }
 
     /// What changed after `since`, or the full set when `since` is 0 or no

@@ -50,23 +50,14 @@ impl Change {
         channels: &impl Channels,
     ) -> Change {
         let user = user.into();
-        let delta = user.delta(since, channels);
-        let read_states: Vec<Shown> = (delta.read_states.into_iter())
-            .map(|state| channels.shown(state))
-            .collect();
-        // The full set is every live read state: its totals are counted
-        // from what is sent, each read state once.
-        let counts = match delta.partial {
-            false => Counts::of(read_states.iter().map(|s| s.state)),
-            true => user.counts(channels),
-        };
+        let answer = user.answer(since, channels);
         Change {
             user_id,
             version: user.version(),
-            partial: delta.partial,
-            read_states,
-            deleted: delta.deleted,
-            counts,
+            partial: answer.partial,
+            read_states: answer.read_states,
+            deleted: answer.deleted,
+            counts: answer.counts,
             recounted: false,
         }
     }

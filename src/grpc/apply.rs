@@ -485,33 +485,25 @@ impl ReadStatesService {
 /// The users an item touches, as its request names them (the ids of an
 /// invalid one too: it fails anyway), and the channel of a message.
 fn touched(item: &ApplyItem) -> Vec<Ordered> {
-    let users = |ids: &mut dyn Iterator<Item = u64>| ids.map(Ordered::User).collect::<Vec<_>>();
     match &item.change {
         Some(Change::Ack(r)) => vec![Ordered::User(r.user_id)],
         Some(Change::BulkAck(r)) => vec![Ordered::User(r.user_id)],
         Some(Change::AckAll(r)) => vec![Ordered::User(r.user_id)],
         Some(Change::SetMuted(r)) => vec![Ordered::User(r.user_id)],
         Some(Change::DeleteReadStates(r)) => vec![Ordered::User(r.user_id)],
-        Some(Change::MessageCreated(r)) => {
-            let mut touched = users(
-                &mut [r.author_id]
-                    .into_iter()
-                    .chain(r.mentioned_user_ids.iter().copied())
-                    .chain(r.unread_user_ids.iter().copied()),
-            );
-            touched.push(Ordered::Channel(r.channel_id));
-            touched
-        }
-        Some(Change::MessageDeleted(r)) => {
-            let mut touched = users(
-                &mut (r.mentioned_user_ids.iter())
-                    .chain(&r.unread_user_ids)
-                    .copied(),
-            );
-            touched.push(Ordered::Channel(r.channel_id));
-            touched
-        }
-        Some(Change::GetBadgeCounts(r)) => users(&mut r.user_ids.iter().copied()),
+        Some(Change::MessageCreated(r)) => [r.author_id]
+            .iter()
+            .chain(&r.mentioned_user_ids)
+            .chain(&r.unread_user_ids)
+            .map(|&id| Ordered::User(id))
+            .chain([Ordered::Channel(r.channel_id)])
+            .collect(),
+        Some(Change::MessageDeleted(r)) => (r.mentioned_user_ids.iter())
+            .chain(&r.unread_user_ids)
+            .map(|&id| Ordered::User(id))
+            .chain([Ordered::Channel(r.channel_id)])
+            .collect(),
+        Some(Change::GetBadgeCounts(r)) => r.user_ids.iter().map(|&id| Ordered::User(id)).collect(),
         None => vec![],
     }
 }

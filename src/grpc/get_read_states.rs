@@ -4,10 +4,8 @@ use std::sync::Arc;
 
 use super::validate;
 use crate::cache::Cache;
-use crate::channel_state::{Channels, Shown};
 use crate::error::Error;
 use crate::proto::{GetReadStatesRequest, GetReadStatesResponse};
-use crate::read_state::Counts;
 
 pub async fn handle(
     cache: Arc<Cache>,
@@ -27,33 +25,21 @@ pub async fn handle(
     let channels = cache.channels().clone();
     cache
         .read(user_id, |user| {
-            channels.read(|channels| {
-                let delta = user.delta(request.since_version, channels);
-                // Each read state is counted once: the full set (what a
-                // client gets on connect) is every live one, so the totals
-                // come from what is sent.
-                let shown: Vec<Shown> = (delta.read_states.iter())
-                    .map(|&state| channels.shown(state))
-                    .collect();
-                let counts = match delta.partial {
-                    false => Counts::of(shown.iter().map(|s| s.state)),
-                    true => user.counts(channels),
-                };
-                GetReadStatesResponse {
-                    version: user.version(),
-                    partial: delta.partial,
-                    read_states: (shown.iter())
-                        .filter(|s| wanted(s.state.channel_id))
-                        .map(Into::into)
-                        .collect(),
-                    deleted: (delta.deleted.into_iter())
-                        .filter(|k| wanted(k.channel_id))
-                        .map(Into::into)
-                        .collect(),
-                    total_mention_count: counts.total_mention_count,
-                    unread_channel_count: counts.unread_channel_count,
-                }
-            })
+            let answer = channels.read(|channels| user.answer(request.since_version, channels));
+            GetReadStatesResponse {
+                version: user.version(),
+                partial: answer.partial,
+                read_states: (answer.read_states.iter())
+                    .filter(|s| wanted(s.state.channel_id))
+                    .map(Into::into)
+                    .collect(),
+                deleted: (answer.deleted.into_iter())
+                    .filter(|k| wanted(k.channel_id))
+                    .map(Into::into)
+                    .collect(),
+                total_mention_count: answer.counts.total_mention_count,
+                unread_channel_count: answer.counts.unread_channel_count,
+            }
         })
         .await
 }

@@ -15,14 +15,13 @@ pub async fn handle(
     request: SetChannelCountingRequest,
 ) -> Result<SetChannelCountingResponse, Error> {
     let channel_id = validate::id("channel_id", request.channel_id)?;
-    let channels = cache.channels().clone();
     let switched = cache.change_channels(|channels, now_us| {
         channels.switch(channel_id, request.counted_from, now_us)
     })?;
     match switched {
         Ok(applied) => {
             if applied {
-                by_channel::write_through(&channels, channel_id).await?;
+                by_channel::write_through(cache.channels(), channel_id).await?;
             }
             Ok(SetChannelCountingResponse { applied })
         }
