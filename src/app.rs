@@ -18,13 +18,14 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 use crate::cache::{Cache, CacheConfig};
+use crate::cluster::copier::Copier;
 use crate::cluster::member::{Member, MemberConfig};
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::presence::Presence;
 use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, StoreKind};
-use crate::grpc::release_slots::FleetService;
+use crate::grpc::fleet::FleetService;
 use crate::grpc::route::Router;
 use crate::grpc::{ReadStatesService, ServiceConfig};
 use crate::metrics;
@@ -204,7 +205,7 @@ impl Application {
             }),
             _ => None,
         };
-        let (member, follower) = match (ring_store, &config.node_id) {
+        let (fleet, follower, copier) = match (ring_store, &config.node_id) {
             (Some(ring_store), Some(node_id)) => {
                 let peers = Arc::new(GrpcPeers::new(tls.clone()));
                 let member = Member::new(
@@ -218,13 +219,17 @@ impl Application {
                     },
                 );
                 let follower = member.start(stop.clone());
-                service = service.routed(Router {
-                    member: member.clone(),
+                let copier = Copier::new(member.clone(), peers.clone());
+                let copying = tokio::spawn(copier.clone().run(stop.clone()));
+                let router = Router {
+                    member,
                     peers,
-                });
-                (Some(member), Some(follower))
+                    copier,
+                };
+                service = service.routed(router.clone());
+                (Some(router), Some(follower), Some(copying))
             }
-            _ => (None, None),
+            _ => (None, None, None),
         };
         let router = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
@@ -232,7 +237,7 @@ impl Application {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(ReadStatesServer::new(service))
-            .add_optional_service(member.map(|m| FleetServer::new(FleetService::new(m))));
+            .add_optional_service(fleet.map(|r| FleetServer::new(FleetService::new(r))));
         let stopped = stop.clone().cancelled_owned();
         let (server, tls_reloader) = match tls {
             None => (
@@ -285,6 +290,7 @@ impl Application {
             recount,
             metrics_server,
             follower,
+            copier,
             tls_reloader,
         })
     }
@@ -312,6 +318,9 @@ pub struct Running {
     metrics_server: JoinHandle<std::io::Result<()>>,
     /// A fleet node's ring follower, stopped with `stop`.
     follower: Option<JoinHandle<()>>,
+    /// A fleet node's copier of channels counted by channel, stopped with
+    /// `stop`.
+    copier: Option<JoinHandle<()>>,
     /// Reads the TLS files again now and then, stopped with `stop`.
     tls_reloader: Option<JoinHandle<()>>,
 }
@@ -367,6 +376,7 @@ impl Running {
         };
         for task in [
             self.follower.take(),
+            self.copier.take(),
             self.tls_reloader.take(),
             self.joiner.take(),
         ]

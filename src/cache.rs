@@ -237,15 +237,20 @@ impl Cache {
         .await
     }
 
-    /// A change to the channels counted by channel alone (a switch), given
-    /// the clock: inside the gate like any change, so refused once shutdown
-    /// begins (the final flush holds what was applied).
-    pub fn change_channels<T>(
+    /// A change to channel `channel_id` alone (a switch; on a fleet, also a
+    /// message its owner takes for the other nodes), given the channel
+    /// states and the clock: inside the gate like any change, so refused
+    /// once shutdown begins (the final flush holds what was applied), and
+    /// only while this node serves the slot of the channel's id (on a fleet
+    /// its owner alone changes it; `NotServed` elsewhere, as for a user).
+    pub fn change_channel<T>(
         &self,
+        channel_id: u64,
         change: impl FnOnce(&ChannelStates, u64) -> T,
     ) -> Result<T, Error> {
         self.check_unwritten()?;
         let entry = self.gate.enter()?;
+        self.served(channel_id)?;
         let changed = change(&self.channels, clock::now_micros());
         drop(entry);
         Ok(changed)
@@ -732,6 +737,15 @@ impl Cache {
             }
         }
         users.iter().map(Vec::len).sum()
+    }
+
+    /// Lets go of the channels counted by channel of slots no longer served
+    /// (as [`Cache::release`] for users): waits for every change that may
+    /// have seen them served, then writes what is unwritten of them. Their
+    /// copies stay. Returns the channels written.
+    pub async fn release_channels(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        self.gate.barrier().await;
+        self.channels.release(leaving).await
     }
 
     /// Refuses every later change (`UNAVAILABLE`, nothing applied) and

@@ -56,6 +56,9 @@ pub struct ChannelStates {
     /// shard lock, never while holding either, so the order switches →
     /// shard → held has no cycle.
     switches: RwLock<()>,
+    /// A node of a fleet: changes are kept in `Held::changed` for the
+    /// copier (a standalone node keeps none).
+    copied: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -65,6 +68,9 @@ struct Held {
     /// Channels whose members' counts moved since Watch streams were last
     /// told (see [`crate::watch::recount`]).
     recounted: HashSet<u64>,
+    /// On a node of a fleet, channels changed here since the copier last
+    /// sent them to the other nodes (see [`ChannelStates::take_changed`]).
+    changed: HashSet<u64>,
 }
 
 /// A channel with changes the store does not hold yet.
@@ -93,6 +99,7 @@ impl ChannelStates {
             any: AtomicBool::new(false),
             changed: Notify::new(),
             switches: RwLock::default(),
+            copied: AtomicBool::new(false),
         })
     }
 
@@ -171,6 +178,7 @@ impl ChannelStates {
         held.channels.insert(channel_id, channel);
         self.any.store(true, Ordering::Release);
         self.mark_unwritten(&mut held, channel_id);
+        self.mark_changed(&mut held, channel_id);
         Ok(true)
     }
 
@@ -187,9 +195,122 @@ impl ChannelStates {
         let result = change(channel);
         if channel.version() != before {
             self.mark_unwritten(&mut held, channel_id);
+            self.mark_changed(&mut held, channel_id);
             held.recounted.insert(channel_id);
         }
         Some(result)
+    }
+
+    /// `channel_id`'s state as it is now.
+    pub fn get(&self, channel_id: u64) -> Option<ChannelState> {
+        self.read(|channels| channels.get(&channel_id).cloned())
+    }
+
+    /// The channels `these` names, as they are now.
+    pub fn all_of(&self, these: impl Fn(u64) -> bool) -> Vec<ChannelState> {
+        self.read(|channels| {
+            (channels.values())
+                .filter(|c| these(c.channel_id()))
+                .cloned()
+                .collect()
+        })
+    }
+
+    /// From now on, keeps the channels changed here for
+    /// [`ChannelStates::take_changed`] (a node of a fleet).
+    pub fn keep_changed(&self) {
+        self.copied.store(true, Ordering::Release);
+    }
+
+    /// The channels changed here since the last call, as they are now.
+    pub fn take_changed(&self) -> Vec<ChannelState> {
+        let mut held = self.held_mut();
+        let changed: Vec<u64> = held.changed.drain().collect();
+        (changed.iter())
+            .filter_map(|id| held.channels.get(id).cloned())
+            .collect()
+    }
+
+    /// Takes in copies of channels made by their owner: a copy replaces the
+    /// channel held only if it is newer, so a copy lost, late or repeated
+    /// does no harm; a channel `owned` here (this node serves its slot, and
+    /// alone changes it) is never replaced. Members' counts move with a
+    /// copy taken, for Watch streams. Returns how many were taken.
+    pub fn copy_in(&self, copies: Vec<ChannelState>, owned: impl Fn(u64) -> bool) -> usize {
+        let mut held = self.held_mut();
+        let mut taken = 0;
+        for copy in copies {
+            let id = copy.channel_id();
+            let newer = (held.channels.get(&id)).is_none_or(|c| c.version() < copy.version());
+            if newer && !owned(id) {
+                held.channels.insert(id, copy);
+                held.recounted.insert(id);
+                taken += 1;
+            }
+        }
+        if taken > 0 {
+            self.any.store(true, Ordering::Release);
+        }
+        taken
+    }
+
+    /// Once this node no longer serves the slots of the channels `leaving`
+    /// names (every change that saw them served is done): writes those it
+    /// has not written, retrying until the store takes them, and stops
+    /// writing them (only a channel's owner writes it; it keeps a copy).
+    /// Returns how many it wrote.
+    pub async fn release(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        let mut retry = RETRY_MIN;
+        let mut written = 0;
+        loop {
+            let unwritten: Vec<ChannelState> = {
+                let held = self.held();
+                (held.unwritten.keys())
+                    .filter(|&&id| leaving(id))
+                    .filter_map(|id| held.channels.get(id).cloned())
+                    .collect()
+            };
+            if unwritten.is_empty() {
+                return written;
+            }
+            for channel in unwritten {
+                written += usize::from(self.write(channel).await.is_ok());
+            }
+            if self.held().unwritten.keys().any(|&id| leaving(id)) {
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(RETRY_MAX);
+            }
+        }
+    }
+
+    /// Before this node serves the slots of the channels `acquiring` names:
+    /// takes in what the store holds (their previous owner wrote them
+    /// before it let go; a copy held here may lag), and writes behind those
+    /// of them held newer than stored (copies of changes a previous owner
+    /// released by force had not written). Returns how many were loaded.
+    pub async fn acquire(&self, acquiring: impl Fn(u64) -> bool) -> Result<usize, StoreError> {
+        let stored = self.store.load_channels().await?;
+        let count = stored.len();
+        let mut held = self.held_mut();
+        let mut stored_versions = HashMap::new();
+        for channel in stored {
+            let id = channel.channel_id();
+            stored_versions.insert(id, channel.version());
+            if (held.channels.get(&id)).is_none_or(|c| c.version() < channel.version()) {
+                held.channels.insert(id, channel);
+                held.recounted.insert(id);
+            }
+        }
+        let newer: Vec<u64> = (held.channels.values())
+            .filter(|c| acquiring(c.channel_id()))
+            .filter(|c| stored_versions.get(&c.channel_id()) < Some(&c.version()))
+            .map(ChannelState::channel_id)
+            .collect();
+        for id in newer {
+            self.mark_unwritten(&mut held, id);
+        }
+        self.any.store(!held.channels.is_empty(), Ordering::Release);
+        Ok(count)
     }
 
     /// The channels whose members' counts moved since the last call.
@@ -287,6 +408,15 @@ impl ChannelStates {
         }
     }
 
+    /// Writes `channel_id` now, whatever the write delay (a switch on a
+    /// fleet is answered only once written).
+    pub async fn write_now(&self, channel_id: u64) -> Result<(), StoreError> {
+        match self.get(channel_id) {
+            Some(snapshot) => self.write(snapshot).await,
+            None => Ok(()),
+        }
+    }
+
     /// Writes one snapshot and marks what it held written.
     async fn write(&self, snapshot: ChannelState) -> Result<(), StoreError> {
         let result = self.store.write_channel(&snapshot).await;
@@ -326,6 +456,12 @@ impl ChannelStates {
         held.unwritten
             .insert(channel_id, Unwritten { due, failures: 0 });
         self.changed.notify_one();
+    }
+
+    fn mark_changed(&self, held: &mut Held, channel_id: u64) {
+        if self.copied.load(Ordering::Acquire) {
+            held.changed.insert(channel_id);
+        }
     }
 
     fn held(&self) -> RwLockReadGuard<'_, Held> {

@@ -81,9 +81,22 @@ pub enum Error {
         "channel {channel_id} is counted by channel from message {counted_from} already; a channel is switched once"
     )]
     SwitchedAlready { channel_id: u64, counted_from: u64 },
-    /// What a node of a fleet does not do yet.
-    #[error("{0} is not served by a node of a fleet yet")]
-    NotOnAFleet(&'static str),
+    /// A message of a channel counted by channel (as this node's copy of
+    /// it says) reached a node of a fleet that does not own the channel as
+    /// a part counted per member: the node that split it had not heard of
+    /// the switch yet. Nothing was applied.
+    #[error(
+        "channel {channel_id} is counted by channel, by another node of the fleet; not applied, retry"
+    )]
+    ChannelNotOwned { channel_id: u64 },
+    /// A switch to counting by channel was made and written by the
+    /// channel's owner, but not every node of the fleet has it yet (until
+    /// they have, a message without members could be taken for one counted
+    /// per member). A retry answers once they have.
+    #[error(
+        "channel {channel_id} is switched, but not every node of the fleet has it yet ({reason}); retry"
+    )]
+    SwitchNotCopied { channel_id: u64, reason: String },
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -108,13 +121,14 @@ impl Error {
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
             | Error::NotServed { .. }
-            | Error::Unrelayed { .. } => Code::Unavailable,
+            | Error::Unrelayed { .. }
+            | Error::ChannelNotOwned { .. }
+            | Error::SwitchNotCopied { .. } => Code::Unavailable,
             Error::Overloaded { .. } => Code::ResourceExhausted,
             Error::DeadlineExceeded => Code::DeadlineExceeded,
             Error::NotReleased { .. }
             | Error::HandoffRefused { .. }
-            | Error::SwitchedAlready { .. }
-            | Error::NotOnAFleet(_) => Code::FailedPrecondition,
+            | Error::SwitchedAlready { .. } => Code::FailedPrecondition,
             Error::HandoffBroken(_) => Code::Aborted,
         }
     }

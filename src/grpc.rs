@@ -10,9 +10,11 @@ mod ack_all;
 mod apply;
 mod bulk_ack;
 mod by_channel;
+mod change_channel;
 mod convert;
 mod deadline;
 mod delete_read_states;
+pub mod fleet;
 mod forward;
 mod get_badge_counts;
 mod get_read_states;
@@ -21,7 +23,6 @@ mod hand_over;
 mod message_created;
 mod message_deleted;
 mod recipients;
-pub mod release_slots;
 pub mod route;
 mod scatter;
 mod set_channel_counting;
@@ -45,6 +46,7 @@ use crate::metrics::MethodMetrics;
 use crate::ownership::SlotState;
 use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
+use crate::read_state::{Key, Kind};
 use forward::Forward;
 use scatter::Scatter;
 
@@ -293,6 +295,12 @@ impl ReadStatesService {
         Req: Scatter,
         F: Future<Output = Result<Req::Response, Error>>,
     {
+        if origin.hop == route::Hop::First
+            && let Err(error) = by_channel::from_client(request.channel_taken())
+        {
+            metrics.record(error.code(), origin.started.elapsed());
+            return Err(error.into());
+        }
         let router = match (&self.router, &origin.hop) {
             (Some(router), route::Hop::First) => router,
             // A part forwarded here goes on only for users whose slot this
@@ -315,9 +323,21 @@ impl ReadStatesService {
             until,
             hop,
         } = origin;
-        let scattering = router.scatter(request, &hop, until, |part| {
-            self.run_held(part, until, &handler)
-        });
+        let scattering = async {
+            let (request, changed) = match hop {
+                route::Hop::First => self.channel_first(router, request, until).await?,
+                _ => (request, false),
+            };
+            let merged = router
+                .scatter(request, &hop, until, |part| {
+                    self.run_held(part, until, &handler)
+                })
+                .await?;
+            Ok(match changed {
+                true => Req::with_channel_change(merged),
+                false => merged,
+            })
+        };
         let result = match until {
             Some(until) => tokio::time::timeout_at(until, scattering)
                 .await
@@ -329,6 +349,42 @@ impl ReadStatesService {
             .map_or_else(Status::code, |_| tonic::Code::Ok);
         metrics.record(code, started.elapsed());
         result
+    }
+
+    /// A message (or deletion) of a channel counted by channel, as this
+    /// node's copy says, on a node of a fleet: the channel's owner makes the
+    /// channel's change first (see [`change_channel`]), and the request
+    /// becomes the users' parts, marked with its answer. Returns them, and
+    /// whether the channel changed. Any other request is returned as it is.
+    async fn channel_first<Req: Scatter>(
+        &self,
+        router: &route::Router,
+        request: Req,
+        until: Option<Instant>,
+    ) -> Result<(Req, bool), Status> {
+        let Some(change) = request.channel_change() else {
+            return Ok((request, false));
+        };
+        let key = Key {
+            channel_id: change.channel_id,
+            kind: Kind::Channel,
+        };
+        let channels = self.cache.channels();
+        if (channels.counted_from(key)).is_none_or(|from| change.message_id <= from) {
+            return Ok((request, false));
+        }
+        let answer = router.change_channel(&self.cache, change, until).await?;
+        Ok(match answer.counted {
+            true => (
+                request.taken(ChannelTaken {
+                    holds: answer.holds,
+                }),
+                answer.changed,
+            ),
+            // Not counted by channel at its owner (a switch never written
+            // before its owner was lost): counted per member.
+            false => (request, false),
+        })
     }
 
     /// [`Self::run`], and once more after waiting for the user's slot if it
@@ -474,28 +530,16 @@ impl ReadStates for ReadStatesService {
             .await
     }
 
-    /// Not on a fleet yet: every node would need the channel's state, and
-    /// its owner does not send it to them yet.
+    /// On a fleet, made by the channel's owner (forwarded there).
     async fn set_channel_counting(
         &self,
         request: Request<SetChannelCountingRequest>,
     ) -> Result<Response<SetChannelCountingResponse>, Status> {
-        let started = Instant::now();
-        let budget = deadline::budget(request.metadata());
-        let result = match self.router {
-            Some(_) => Err(Error::NotOnAFleet("counting by channel")),
-            None => {
-                self.run(request.into_inner(), budget, &set_channel_counting::handle)
-                    .await
-            }
-        };
-        let code = result
-            .as_ref()
-            .map_or_else(Error::code, |_| tonic::Code::Ok);
-        self.metrics
-            .set_channel_counting
-            .record(code, started.elapsed());
-        result.map(Response::new).map_err(Status::from)
+        let copier = self.router.as_ref().map(|router| router.copier.clone());
+        self.call_routed(&self.metrics.set_channel_counting, request, |cache, r| {
+            set_channel_counting::handle(cache, copier.clone(), r)
+        })
+        .await
     }
 
     type WatchStream = watch::WatchStream;

@@ -528,19 +528,15 @@ impl<E: Entries> UserReadStates<E> {
 
     /// A mention in a channel counted by channel, whose unread count the
     /// channel keeps: the mention count rises past the watermark, as in
-    /// [`Self::message_created`], if the channel holds the message (took it,
-    /// and it is not deleted: a late message counts nothing, a retry of one
-    /// it took counts once). A read state created by it is acked just below
-    /// the message, so a member counts from their first mention and not from
-    /// the channel's start. Returns whether it changed.
-    pub fn mentioned(
-        &mut self,
-        key: Key,
-        message_id: u64,
-        now_us: u64,
-        channel: &ChannelState,
-    ) -> bool {
-        if !channel.holds(message_id) {
+    /// [`Self::message_created`], if the channel `holds` the message (took
+    /// it, and it is not deleted: a late message counts nothing, a retry of
+    /// one it took counts once; see [`ChannelState::holds`], asked of the
+    /// channel's owner on a fleet, since a copy may lag). A read state
+    /// created by it is acked just below the message, so a member counts
+    /// from their first mention and not from the channel's start. Returns
+    /// whether it changed.
+    pub fn mentioned(&mut self, key: Key, message_id: u64, now_us: u64, holds: bool) -> bool {
+        if !holds {
             return false;
         }
         let position = self.position(key);

@@ -175,8 +175,8 @@ fn a_member_counts_from_their_ack_at_joining_or_their_first_mention() {
     let (mut joined, mut mentioned) = (UserReadStates::default(), UserReadStates::default());
     joined.ack(C, channel.last_message_id(), 2);
     channel.message_created(6, 3);
-    assert!(mentioned.mentioned(C, 6, 3, &channel));
-    assert!(!mentioned.mentioned(C, 6, 4, &channel), "a retry");
+    assert!(mentioned.mentioned(C, 6, 3, channel.holds(6)));
+    assert!(!mentioned.mentioned(C, 6, 4, channel.holds(6)), "a retry");
     let channels = channels(channel);
     assert_eq!(unread(&joined, C, &channels).count, 1);
     assert_eq!(unread(&mentioned, C, &channels).count, 1);
@@ -190,7 +190,7 @@ fn a_deleted_mention_lowers_the_mention_only_where_it_counted() {
     channel.message_created(5, 1);
     let mut user = UserReadStates::default();
     user.ack(C, 1, 1);
-    user.mentioned(C, 5, 2, &channel);
+    user.mentioned(C, 5, 2, channel.holds(5));
     assert!(!user.mention_deleted(C, 6, 3), "after it: not counted");
     assert!(!user.mention_deleted(C, 1, 3), "read: not counted");
     assert!(user.mention_deleted(C, 5, 3));
@@ -348,9 +348,12 @@ fn a_mention_of_a_message_the_channel_did_not_take_counts_nothing() {
     assert!(!channel.message_created(102, 2), "late");
     let mut user = UserReadStates::default();
     user.ack(C, 100, 1);
-    assert!(!user.mentioned(C, 102, 2, &channel));
+    assert!(!user.mentioned(C, 102, 2, channel.holds(102)));
     channel.message_deleted(103, 3);
-    assert!(!user.mentioned(C, 103, 3, &channel), "deleted first");
+    assert!(
+        !user.mentioned(C, 103, 3, channel.holds(103)),
+        "deleted first"
+    );
     assert_eq!(user.get(C).unwrap().mention_count, 0);
 }
 
@@ -622,7 +625,7 @@ fn apply_real(
                     .message_created(id, now_us);
                 let channel = &channels[&key.channel_id];
                 for (user, _) in mentioned.iter().enumerate().filter(|(_, m)| **m) {
-                    users[user].mentioned(key, id, now_us, channel);
+                    users[user].mentioned(key, id, now_us, channel.holds(id));
                 }
             } else {
                 for (user, &mentioned) in mentioned.iter().enumerate() {

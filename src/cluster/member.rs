@@ -209,6 +209,10 @@ impl Member {
         self.inner.cache.ownership()
     }
 
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.inner.cache
+    }
+
     fn handed_in(&self) -> std::sync::MutexGuard<'_, HashMap<Slot, u64>> {
         self.inner
             .handed_in
@@ -348,11 +352,32 @@ impl Member {
         futures::future::join_all(acquisitions).await;
     }
 
-    /// Lets go of `slots`, which go `to` their new owner: hands their users
-    /// over (see [`Member::hand_over`]), or, if that fails, stops serving
-    /// them and writes what is unwritten of them first. Returns the users
-    /// let go.
+    /// Lets go of `slots`, which go `to` their new owner: their users and
+    /// their channels counted by channel (see [`Member::release_users`]),
+    /// before the new owner is told (`ReleaseSlots`). The channels are
+    /// written, never handed over: the new owner loads them from the store
+    /// before it serves them ([`Member::acquire`]). Returns the users let go.
     async fn release(&self, record: &RingRecord, to: Option<String>, slots: &[Slot]) -> usize {
+        let users = self.release_users(record, to, slots).await;
+        let these = slot_set(slots);
+        let channels = (self.inner.cache)
+            .release_channels(|id| these[usize::from(slot_of(id))])
+            .await;
+        if channels > 0 {
+            tracing::info!(epoch = record.ring.epoch(), channels, "channels written");
+        }
+        users
+    }
+
+    /// Lets go of the users of `slots`: hands them over (see
+    /// [`Member::hand_over`]), or, if that fails, stops serving them and
+    /// writes what is unwritten of them first. Returns the users let go.
+    async fn release_users(
+        &self,
+        record: &RingRecord,
+        to: Option<String>,
+        slots: &[Slot],
+    ) -> usize {
         let cache = &self.inner.cache;
         let these = slot_set(slots);
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
@@ -589,6 +614,7 @@ impl Member {
             }
             tokio::time::sleep(self.inner.config.retry).await;
         }
+        self.load_channels(&slots).await;
         self.serve(epoch, &slots);
         tracing::info!(
             epoch,
@@ -598,6 +624,29 @@ impl Member {
             "acquired"
         );
         self.inner.poke.notify_one();
+    }
+
+    /// Takes in the channels counted by channel of `slots` as their previous
+    /// owner wrote them (see [`ChannelStates::acquire`]), retrying until the
+    /// store answers: a copy held here may lag, and serving it would fork
+    /// the channel. Nothing to do on a node that holds no such channel and
+    /// was told of none (a switch is answered only once every node has it).
+    ///
+    /// [`ChannelStates::acquire`]: crate::channel_states::ChannelStates::acquire
+    async fn load_channels(&self, slots: &[Slot]) {
+        let channels = self.inner.cache.channels();
+        if channels.is_empty() {
+            return;
+        }
+        let these = slot_set(slots);
+        let mut attempts = 0u32;
+        while let Err(e) = channels.acquire(|id| these[usize::from(slot_of(id))]).await {
+            attempts += 1;
+            if attempts == 1 || attempts.is_power_of_two() {
+                tracing::warn!(error = %e, "cannot load the channels counted by channel; retrying");
+            }
+            tokio::time::sleep(self.inner.config.retry).await;
+        }
     }
 
     /// Serves `slots`, released to this node in `epoch`. What a handoff of

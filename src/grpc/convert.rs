@@ -1,6 +1,6 @@
 //! Domain types to protobuf messages.
 
-use crate::channel_state::{Channels, Shown};
+use crate::channel_state::{ChannelState, Channels, Shown};
 use crate::proto;
 use crate::read_state::{Key, ReadState};
 
@@ -41,5 +41,32 @@ impl From<Key> for proto::ReadStateKey {
             channel_id: key.channel_id,
             kind: key.kind as i32,
         }
+    }
+}
+
+impl From<&ChannelState> for proto::ChannelStateCopy {
+    fn from(channel: &ChannelState) -> Self {
+        proto::ChannelStateCopy {
+            channel_id: channel.channel_id(),
+            counted_from: channel.counted_from(),
+            last_message_id: channel.last_message_id(),
+            dropped_up_to: channel.dropped_up_to(),
+            recent: channel.recent().collect(),
+            version: channel.version(),
+        }
+    }
+}
+
+impl From<proto::ChannelStateCopy> for ChannelState {
+    /// Tolerant as a stored row is (see [`ChannelState::from_stored`]).
+    fn from(copy: proto::ChannelStateCopy) -> Self {
+        ChannelState::from_stored(
+            copy.channel_id,
+            copy.counted_from,
+            copy.last_message_id,
+            copy.dropped_up_to,
+            copy.recent,
+            copy.version,
+        )
     }
 }

@@ -2,7 +2,8 @@
 //! one Apply stream this node keeps to that node (see
 //! [`GrpcPeers::applier`](crate::cluster::peers::GrpcPeers::applier)), so
 //! that a forward costs a stream item, not a unary call; as its unary call
-//! for GetReadStates (no item carries it) and to a node that has no Apply
+//! for GetReadStates and SetChannelCounting (no item carries them; the
+//! latter goes to the channel's owner) and to a node that has no Apply
 //! (an older build, during an upgrade).
 
 use std::future::Future;
@@ -88,22 +89,35 @@ item!(
     get_badge_counts
 );
 
-impl Forward for GetReadStatesRequest {
-    type Response = GetReadStatesResponse;
-    const ITEM: bool = false;
+/// [`Forward`] for a request no item carries: sent as its unary call.
+macro_rules! unary {
+    ($request:ty, $response:ty, $call:ident) => {
+        impl Forward for $request {
+            type Response = $response;
+            const ITEM: bool = false;
 
-    fn item(self) -> Result<Change, Self> {
-        Err(self)
-    }
+            fn item(self) -> Result<Change, Self> {
+                Err(self)
+            }
 
-    fn response(_: Outcome) -> Option<GetReadStatesResponse> {
-        None
-    }
+            fn response(_: Outcome) -> Option<$response> {
+                None
+            }
 
-    async fn call(
-        mut client: ReadStatesClient<Channel>,
-        request: Request<Self>,
-    ) -> Result<Response<GetReadStatesResponse>, Status> {
-        client.get_read_states(request).await
-    }
+            async fn call(
+                mut client: ReadStatesClient<Channel>,
+                request: Request<Self>,
+            ) -> Result<Response<$response>, Status> {
+                client.$call(request).await
+            }
+        }
+    };
 }
+
+unary!(GetReadStatesRequest, GetReadStatesResponse, get_read_states);
+// To the channel's owner, which alone switches it.
+unary!(
+    SetChannelCountingRequest,
+    SetChannelCountingResponse,
+    set_channel_counting
+);

@@ -15,7 +15,10 @@ use super::validate;
 use crate::cache::Cache;
 use crate::channel_state::Channels;
 use crate::error::Error;
-use crate::proto::{MessageCreatedRequest, MessageCreatedResponse};
+use crate::proto::{
+    ChangeChannelRequest, ChannelTaken, MessageCreatedRequest, MessageCreatedResponse,
+    ReadStateKind,
+};
 use crate::read_state::Key;
 
 pub async fn handle(
@@ -34,7 +37,13 @@ pub async fn handle(
     )?;
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let counted = Counted::new(&channels, key, message_id, &request.unread_user_ids)?;
+    let counted = Counted::new(
+        &cache,
+        key,
+        message_id,
+        &request.unread_user_ids,
+        request.channel_taken,
+    )?;
     let (took, changed) = cache
         .update_many_after(
             &user_ids,
@@ -47,8 +56,8 @@ pub async fn handle(
             |index, user, now_us| {
                 channels.read(|channels| match (effects[index].1, channels.get_key(key)) {
                     (Effect::Author, _) => user.ack(key, message_id, now_us).is_some(),
-                    (Effect::Mention, Some(channel)) if counted.by_channel() => {
-                        user.mentioned(key, message_id, now_us, channel)
+                    (Effect::Mention, channel) if counted.by_channel() => {
+                        user.mentioned(key, message_id, now_us, counted.holds(channel))
                     }
                     (effect, _) => {
                         let mentioned = effect == Effect::Mention;
@@ -93,6 +102,34 @@ impl Scatter for MessageCreatedRequest {
     fn merge(&self, parts: Vec<MessageCreatedResponse>) -> MessageCreatedResponse {
         MessageCreatedResponse {
             updated: parts.iter().map(|p| p.updated).sum(),
+        }
+    }
+
+    fn channel_change(&self) -> Option<ChangeChannelRequest> {
+        let by_channel = self.kind == ReadStateKind::Channel as i32
+            && self.channel_taken.is_none()
+            && self.unread_user_ids.is_empty();
+        by_channel.then_some(ChangeChannelRequest {
+            channel_id: self.channel_id,
+            message_id: self.message_id,
+            deleted: false,
+        })
+    }
+
+    fn channel_taken(&self) -> Option<ChannelTaken> {
+        self.channel_taken
+    }
+
+    fn taken(self, taken: ChannelTaken) -> Self {
+        MessageCreatedRequest {
+            channel_taken: Some(taken),
+            ..self
+        }
+    }
+
+    fn with_channel_change(merged: MessageCreatedResponse) -> MessageCreatedResponse {
+        MessageCreatedResponse {
+            updated: merged.updated + 1,
         }
     }
 }

@@ -15,7 +15,10 @@ use super::scatter::{Scatter, keep};
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::{MessageDeletedRequest, MessageDeletedResponse};
+use crate::proto::{
+    ChangeChannelRequest, ChannelTaken, MessageDeletedRequest, MessageDeletedResponse,
+    ReadStateKind,
+};
 use crate::read_state::Key;
 use crate::recent_deletions::Deletion;
 
@@ -36,7 +39,13 @@ pub async fn handle(
     };
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
-    let counted = Counted::new(&channels, key, message_id, &request.unread_user_ids)?;
+    let counted = Counted::new(
+        &cache,
+        key,
+        message_id,
+        &request.unread_user_ids,
+        request.channel_taken,
+    )?;
     let (left, lowered) = cache
         .update_many_once(
             &user_ids,
@@ -82,6 +91,34 @@ impl Scatter for MessageDeletedRequest {
     fn merge(&self, parts: Vec<MessageDeletedResponse>) -> MessageDeletedResponse {
         MessageDeletedResponse {
             updated: parts.iter().map(|p| p.updated).sum(),
+        }
+    }
+
+    fn channel_change(&self) -> Option<ChangeChannelRequest> {
+        let by_channel = self.kind == ReadStateKind::Channel as i32
+            && self.channel_taken.is_none()
+            && self.unread_user_ids.is_empty();
+        by_channel.then_some(ChangeChannelRequest {
+            channel_id: self.channel_id,
+            message_id: self.message_id,
+            deleted: true,
+        })
+    }
+
+    fn channel_taken(&self) -> Option<ChannelTaken> {
+        self.channel_taken
+    }
+
+    fn taken(self, taken: ChannelTaken) -> Self {
+        MessageDeletedRequest {
+            channel_taken: Some(taken),
+            ..self
+        }
+    }
+
+    fn with_channel_change(merged: MessageDeletedResponse) -> MessageDeletedResponse {
+        MessageDeletedResponse {
+            updated: merged.updated + 1,
         }
     }
 }

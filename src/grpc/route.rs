@@ -20,6 +20,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
 use super::forward::Forward;
+use crate::cluster::copier::Copier;
 use crate::cluster::member::Member;
 use crate::cluster::peers::GrpcPeers;
 use crate::error::Error;
@@ -86,12 +87,14 @@ pub fn not_applied(status: &Status, passed_on: bool) -> bool {
 pub const HOLD: Duration = Duration::from_secs(2);
 const HOLD_POLL: Duration = Duration::from_millis(5);
 
-/// What a fleet node needs to route: its view of the ring and channels to
-/// the other nodes.
+/// What a fleet node needs to route: its view of the ring, channels to
+/// the other nodes, and what sends them copies of the channels counted by
+/// channel it owns.
 #[derive(Clone, Debug)]
 pub struct Router {
     pub member: Member,
     pub peers: std::sync::Arc<GrpcPeers>,
+    pub copier: std::sync::Arc<Copier>,
 }
 
 impl Router {

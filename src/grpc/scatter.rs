@@ -20,6 +20,7 @@ use super::forward::Forward;
 use super::route::{EPOCH, HOLD, Hop, Router, not_applied, pass_on_budget};
 use crate::error::Error;
 use crate::ownership::SlotState;
+use crate::proto::{ChangeChannelRequest, ChannelTaken};
 
 /// How to split one kind of request and put its answers together.
 pub trait Scatter: Forward {
@@ -30,6 +31,28 @@ pub trait Scatter: Forward {
     fn part(&self, users: &HashSet<u64>) -> Self;
     /// One answer from the answers of the parts.
     fn merge(&self, parts: Vec<Self::Response>) -> Self::Response;
+
+    /// A message (or deletion) that names no members: what its channel
+    /// takes if it is counted by channel, which the channel's owner makes
+    /// before the users' parts go out (see [`super::change_channel`]).
+    /// `None` for any other request, and for a part made so.
+    fn channel_change(&self) -> Option<ChangeChannelRequest> {
+        None
+    }
+    /// What only the nodes of a fleet set on a part: that its channel's
+    /// owner made the channel's change.
+    fn channel_taken(&self) -> Option<ChannelTaken> {
+        None
+    }
+    /// This request as the parts of a message whose channel's owner made
+    /// the channel's change and answered `taken`.
+    fn taken(self, _taken: ChannelTaken) -> Self {
+        self
+    }
+    /// `merged` (the users' answers) with the channel's change counted.
+    fn with_channel_change(merged: Self::Response) -> Self::Response {
+        merged
+    }
 }
 
 /// What became of one part.

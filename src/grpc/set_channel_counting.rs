@@ -2,32 +2,48 @@
 //! (see `docs/counting.md`). Every member keeps their counts: what was
 //! counted per member stays in their read states, and messages past
 //! `counted_from` are counted by the channel.
+//!
+//! On a fleet the channel's owner switches it (a request reaching another
+//! node goes there, as one for a user does), and answers only once the
+//! switch is written and every node of the ring has a copy of it: from
+//! then on the backend sends messages without members, and a node that had
+//! not heard of the switch would count such a message per member, for
+//! nobody. A retry writes and sends it again.
 
 use std::sync::Arc;
 
 use super::{by_channel, validate};
 use crate::cache::Cache;
+use crate::cluster::copier::Copier;
 use crate::error::Error;
 use crate::proto::{SetChannelCountingRequest, SetChannelCountingResponse};
 
 pub async fn handle(
     cache: Arc<Cache>,
+    copier: Option<Arc<Copier>>,
     request: SetChannelCountingRequest,
 ) -> Result<SetChannelCountingResponse, Error> {
     let channel_id = validate::id("channel_id", request.channel_id)?;
-    let switched = cache.change_channels(|channels, now_us| {
+    let switched = cache.change_channel(channel_id, |channels, now_us| {
         channels.switch(channel_id, request.counted_from, now_us)
     })?;
-    match switched {
-        Ok(applied) => {
-            if applied {
-                by_channel::write_through(cache.channels(), channel_id).await?;
-            }
-            Ok(SetChannelCountingResponse { applied })
+    let applied = switched.map_err(|already| Error::SwitchedAlready {
+        channel_id,
+        counted_from: already.counted_from,
+    })?;
+    let channels = cache.channels();
+    match copier {
+        None if applied => by_channel::write_through(channels, channel_id).await?,
+        None => {}
+        Some(copier) => {
+            (channels.write_now(channel_id).await).map_err(|e| Error::ChannelWriteFailed {
+                channel_id,
+                reason: e.to_string(),
+            })?;
+            let copy: Vec<_> = channels.get(channel_id).into_iter().collect();
+            (copier.send_to_all(&copy).await)
+                .map_err(|reason| Error::SwitchNotCopied { channel_id, reason })?;
         }
-        Err(already) => Err(Error::SwitchedAlready {
-            channel_id,
-            counted_from: already.counted_from,
-        }),
     }
+    Ok(SetChannelCountingResponse { applied })
 }

@@ -183,6 +183,7 @@ async fn message_deleted_refuses_bad_input() {
         mentioned_user_ids: vec![],
         unread_user_ids: users,
         kind,
+        channel_taken: None,
     };
     assert_invalid(
         c.message_deleted(deleted(0, 1, vec![1], 0)).await,

@@ -13,7 +13,6 @@ use readstates::test_support::{ack, delete, message};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::fleet::two_nodes;
 use crate::helpers::{TestApp, spawn_app, spawn_app_on, spawn_app_with, test_config};
 
 const CHANNEL: u64 = 10;
@@ -455,16 +454,28 @@ async fn bad_switches_and_member_lists_get_clear_statuses() {
     assert_eq!(counts(&mut app, 1).await, Some((0, 0, false)));
 }
 
+/// What only the nodes of a fleet send each other is refused from a client:
+/// a part marked as taken by its channel would count a mention without the
+/// channel taking the message.
 #[tokio::test]
-async fn a_node_of_a_fleet_refuses_to_switch_a_channel_for_now() {
-    let (_ring, mut first, _second) = two_nodes("a", "b").await;
-    let refused = first
-        .client
-        .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
-        .await
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition);
-    assert!(refused.message().contains("fleet"), "{refused:?}");
+async fn a_part_marked_as_taken_by_its_channel_is_refused_from_a_client() {
+    let mut app = counted_channel(&[1]).await;
+    let c = &mut app.client;
+    let taken = Some(ChannelTaken { holds: true });
+    let created = MessageCreatedRequest {
+        channel_taken: taken,
+        ..message(CHANNEL, 101, 0, &[1], &[])
+    };
+    let refused = c.message_created(created).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(refused.message().contains("channel_taken"), "{refused:?}");
+    let removed = MessageDeletedRequest {
+        channel_taken: taken,
+        ..deleted(CHANNEL, 101, &[1])
+    };
+    let refused = c.message_deleted(removed).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(counts(&mut app, 1).await, Some((0, 0, false)));
 }
 
 /// A message changes every member's count and no member: each watched

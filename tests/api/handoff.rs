@@ -14,6 +14,7 @@ use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::proto::fleet_client::FleetClient as RawFleet;
 use readstates::proto::fleet_server::{Fleet, FleetServer};
 use readstates::proto::{
+    ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
     HandOverRequest, HandOverResponse, HandedReadState, HandedUser, MessageCreatedRequest,
     MessageDeletedRequest, ReleaseSlotsRequest, ReleaseSlotsResponse,
 };
@@ -47,6 +48,18 @@ impl Fleet for FakeX {
         &self,
         _request: Request<Streaming<HandOverRequest>>,
     ) -> Result<Response<HandOverResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn change_channel(
+        &self,
+        _request: Request<ChangeChannelRequest>,
+    ) -> Result<Response<ChangeChannelResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn copy_channels(
+        &self,
+        _request: Request<CopyChannelsRequest>,
+    ) -> Result<Response<CopyChannelsResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
 }

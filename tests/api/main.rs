@@ -5,6 +5,7 @@ mod apply;
 mod bad_input;
 mod bulk_ack;
 mod channel_counting;
+mod channel_fleet;
 mod delete_read_states;
 mod faults;
 mod fleet;

@@ -99,6 +99,7 @@ pub fn change(op: &Op) -> Option<Change> {
             mentioned_user_ids: mentioned,
             unread_user_ids: unread,
             kind: 0,
+            channel_taken: None,
         }),
         Op::GetReadStates { .. } | Op::GetBadgeCounts { .. } => return None,
     })

@@ -1,0 +1,144 @@
+//! A channel counted by channel on a fleet: its owner (the node serving the
+//! slot of its id) alone changes it. A node taking a message (or deletion)
+//! of such a channel has its owner make the channel's change first
+//! ([`Router::change_channel`]: here if it is the owner, else `Fleet.
+//! ChangeChannel`), then sends the users' parts to their owners marked
+//! with the owner's answer (see [`super::by_channel::Counted`]). The other
+//! nodes get the channel's new state from the owner's copier (see
+//! [`crate::cluster::copier`]), and from the answer at once.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::by_channel;
+use super::route::{EPOCH, HOLD, Router};
+use super::validate;
+use crate::cache::Cache;
+use crate::channel_state::ChannelState;
+use crate::error::Error;
+use crate::ownership::SlotState;
+use crate::proto::fleet_client::FleetClient;
+use crate::proto::{ChangeChannelRequest, ChangeChannelResponse};
+
+/// How long a call to a channel's owner may take without a deadline of the
+/// request's own.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The owner's part: the channel takes (or lets go of) the message, if this
+/// node serves its slot (`NotServed` otherwise), written through in
+/// write-through mode.
+pub async fn handle(
+    cache: &Cache,
+    request: &ChangeChannelRequest,
+) -> Result<ChangeChannelResponse, Error> {
+    let channel_id = validate::id("channel_id", request.channel_id)?;
+    let message_id = validate::id("message_id", request.message_id)?;
+    let changed = cache.change_channel(channel_id, |channels, now_us| {
+        channels.update(channel_id, |channel| {
+            let changed = match request.deleted {
+                false => channel.message_created(message_id, now_us),
+                true => channel.message_deleted(message_id, now_us),
+            };
+            (changed, channel.holds(message_id), channel.clone())
+        })
+    })?;
+    let Some((changed, holds, state)) = changed else {
+        return Ok(ChangeChannelResponse::default());
+    };
+    if changed {
+        by_channel::write_through(cache.channels(), channel_id).await?;
+    }
+    Ok(ChangeChannelResponse {
+        counted: true,
+        changed,
+        holds,
+        state: Some((&state).into()),
+    })
+}
+
+impl Router {
+    /// Has the owner of `request`'s channel make its change: here, or at
+    /// the owner as this node's ring says (a refusal names a newer ring:
+    /// this node catches up and asks once more). The answer's state is
+    /// taken in as this node's copy. UNAVAILABLE: the change was not made.
+    pub async fn change_channel(
+        &self,
+        cache: &Cache,
+        request: ChangeChannelRequest,
+        until: Option<Instant>,
+    ) -> Result<ChangeChannelResponse, Status> {
+        let channel_id = request.channel_id;
+        let mut refusal = None;
+        for _ in 0..2 {
+            let answer = match self.destination(channel_id) {
+                None => match handle(cache, &request).await {
+                    Err(Error::NotServed {
+                        state: SlotState::Acquiring,
+                        ..
+                    }) if self.hold(channel_id, until).await => handle(cache, &request).await,
+                    other => other,
+                }
+                .map_err(|error| match &error {
+                    Error::NotServed { user_id, .. } => self.refusal(&error, *user_id),
+                    _ => Status::from(error),
+                }),
+                Some(owner) => self.ask_owner(&owner, request, until).await,
+            };
+            match answer {
+                Ok(answer) => {
+                    if let Some(state) = answer.state.clone() {
+                        let ownership = self.member.ownership();
+                        cache
+                            .channels()
+                            .copy_in(vec![ChannelState::from(state)], |id| {
+                                ownership.state_of(id) == SlotState::Serving
+                            });
+                    }
+                    return Ok(answer);
+                }
+                Err(status) if status.code() == Code::Unavailable => {
+                    let epoch = (status.metadata().get(EPOCH))
+                        .and_then(|e| e.to_str().ok()?.parse().ok())
+                        .unwrap_or(0);
+                    refusal = Some(status);
+                    self.member.catch_up(epoch, HOLD).await;
+                }
+                Err(status) => return Err(status),
+            }
+        }
+        Err(refusal.unwrap_or_else(|| Status::unavailable("the channel's owner refused")))
+    }
+
+    /// `Fleet.ChangeChannel` at `owner`, within what is left until `until`.
+    async fn ask_owner(
+        &self,
+        owner: &str,
+        request: ChangeChannelRequest,
+        until: Option<Instant>,
+    ) -> Result<ChangeChannelResponse, Status> {
+        let record = self.member.ring();
+        let node = (record.ring.node(owner)).or_else(|| record.previous.node(owner));
+        let Some(node) = node else {
+            return Err(Status::unavailable(format!("{owner} left the ring")));
+        };
+        let channel = self
+            .peers
+            .channel(&node.address)
+            .map_err(Status::unavailable)?;
+        let mut call = tonic::Request::new(request);
+        call.set_timeout(until.map_or(CHANGE_TIMEOUT, |until| {
+            until.saturating_duration_since(Instant::now())
+        }));
+        match FleetClient::new(channel).change_channel(call).await {
+            Ok(answer) => Ok(answer.into_inner()),
+            // Never processed there (a node going away refuses what it has
+            // not taken): not applied.
+            Err(status) if readstates_routing::client::refused_by_goaway(&status) => {
+                Err(Status::unavailable(status.message().to_owned()))
+            }
+            Err(status) => Err(status),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The `Fleet` service, between the nodes of a fleet: `ReleaseSlots`, which
+//! a new owner calls on the previous owner of its slots (see
+//! [`crate::cluster::member`]); `HandOver` (see [`super::hand_over`]); and
+//! for channels counted by channel, `ChangeChannel` at a channel's owner
+//! (see [`super::change_channel`]) and `CopyChannels` from it.
+
+use tonic::{Request, Response, Status, Streaming};
+
+use super::route::Router;
+use super::{change_channel, validate};
+use crate::channel_state::ChannelState;
+use crate::error::Error;
+use crate::ownership::SlotState;
+use crate::proto::fleet_server::Fleet;
+use crate::proto::{
+    ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
+    HandOverRequest, HandOverResponse, ReleaseSlotsRequest, ReleaseSlotsResponse,
+};
+
+#[derive(Clone, Debug)]
+pub struct FleetService {
+    router: Router,
+}
+
+impl FleetService {
+    pub fn new(router: Router) -> FleetService {
+        FleetService { router }
+    }
+}
+
+#[tonic::async_trait]
+impl Fleet for FleetService {
+    async fn release_slots(
+        &self,
+        request: Request<ReleaseSlotsRequest>,
+    ) -> Result<Response<ReleaseSlotsResponse>, Status> {
+        let request = request.into_inner();
+        let slots = validate::slots("slots", &request.slots)?;
+        let member = &self.router.member;
+        member.release_slots(request.epoch, &slots).await?;
+        tracing::debug!(epoch = request.epoch, from = %request.node_id, slots = slots.len(), "released to");
+        Ok(Response::new(ReleaseSlotsResponse {}))
+    }
+
+    async fn hand_over(
+        &self,
+        request: Request<Streaming<HandOverRequest>>,
+    ) -> Result<Response<HandOverResponse>, Status> {
+        super::hand_over::handle(&self.router.member, request).await
+    }
+
+    /// Applied here if this node serves the channel's slot; held while it
+    /// acquires it; refused (UNAVAILABLE, with the owner) otherwise.
+    async fn change_channel(
+        &self,
+        request: Request<ChangeChannelRequest>,
+    ) -> Result<Response<ChangeChannelResponse>, Status> {
+        let until = super::deadline::budget(request.metadata())
+            .map(|budget| tokio::time::Instant::now() + budget);
+        let request = request.into_inner();
+        let cache = self.router.member.cache();
+        let mut result = change_channel::handle(cache, &request).await;
+        if let Err(Error::NotServed {
+            state: SlotState::Acquiring,
+            ..
+        }) = result
+            && self.router.hold(request.channel_id, until).await
+        {
+            result = change_channel::handle(cache, &request).await;
+        }
+        result.map(Response::new).map_err(|error| match &error {
+            Error::NotServed { user_id, .. } => self.router.refusal(&error, *user_id),
+            _ => Status::from(error),
+        })
+    }
+
+    async fn copy_channels(
+        &self,
+        request: Request<CopyChannelsRequest>,
+    ) -> Result<Response<CopyChannelsResponse>, Status> {
+        let copies: Vec<ChannelState> = (request.into_inner().channels.into_iter())
+            .filter(|copy| copy.channel_id != 0)
+            .map(ChannelState::from)
+            .collect();
+        let ownership = self.router.member.ownership();
+        let cache = self.router.member.cache();
+        cache.channels().copy_in(copies, |channel_id| {
+            ownership.state_of(channel_id) == SlotState::Serving
+        });
+        Ok(Response::new(CopyChannelsResponse {}))
+    }
+}
