@@ -23,6 +23,14 @@
 //! node has shut down, the store equals the model: nothing lost, nothing
 //! counted twice, whatever moved in between.
 //!
+//! One channel is counted by channel (see `docs/counting.md`): a message to
+//! it is taken by the channel's owner (the owner of its slot, which moves
+//! with the ring like a user's), then mentions its users by the owner's
+//! answer. The owners' copies of the channel reach the other nodes late,
+//! twice or not at all. The store must hold every message an owner
+//! answered it took, and each mention as the model counts it; every copy
+//! must end equal to the owner's.
+//!
 //! `FLEET_SEEDS=N` sets how many seeds run (default 60), `FLEET_SEED=S`
 //! replays one; a failing seed prints itself.
 
@@ -56,6 +64,9 @@ const USERS: u64 = 40;
 const CLIENTS: usize = 3;
 const OPS_PER_CLIENT: usize = 40;
 const CHANNEL: u64 = 7;
+/// The channel counted by channel, from its first message: its slot moves
+/// with most of the plan's ring changes.
+const BY_CHANNEL: u64 = 28;
 /// Tries of one operation (a refusal waits a little and tries again).
 const TRIES: usize = 8;
 
@@ -75,6 +86,37 @@ impl SimNode {
     /// A node that just started: empty, following the ring, called by
     /// the others through `peers`.
     fn start(
+        id: &str,
+        config: CacheConfig,
+        store: &Arc<FaultyStore>,
+        ring: &Arc<MemoryRingStore>,
+        peers: &Arc<SimPeers>,
+    ) -> SimNode {
+        let node = SimNode::build(id, config, store, ring, peers);
+        node.member.start(node.stop.clone());
+        node
+    }
+
+    /// [`SimNode::start`] after a restart: first the channels counted by
+    /// channel as the store holds them (as the service loads them before
+    /// it serves), retried while the store fails.
+    async fn restart(
+        id: &str,
+        config: CacheConfig,
+        store: &Arc<FaultyStore>,
+        ring: &Arc<MemoryRingStore>,
+        peers: &Arc<SimPeers>,
+    ) -> SimNode {
+        let node = SimNode::build(id, config, store, ring, peers);
+        while node.cache.channels().load_stored().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        node.member.start(node.stop.clone());
+        node
+    }
+
+    /// A node, not following the ring yet.
+    fn build(
         id: &str,
         config: CacheConfig,
         store: &Arc<FaultyStore>,
@@ -103,7 +145,7 @@ impl SimNode {
             .lock()
             .unwrap()
             .insert(address(id), (member.clone(), stop.clone()));
-        member.start(stop.clone());
+        cache.channels().keep_changed();
         SimNode {
             cache,
             member,
@@ -131,6 +173,65 @@ impl SimNode {
             .await;
         assert_eq!(report.unwritten, 0, "a node could not write everything");
     }
+}
+
+/// What the copier of each node sends the others, every 100 ms (and all it
+/// owns every 5 s), lost, late or twice at random, until `stop`.
+async fn copy_channels(nodes: Arc<Vec<Mutex<SimNode>>>, seed: u64, stop: CancellationToken) {
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0xc0b1);
+    let mut ticks = 0u64;
+    while !stop.is_cancelled() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ticks += 1;
+        for from in 0..nodes.len() {
+            let (channels, ownership) = {
+                let node = nodes[from].lock().unwrap();
+                (
+                    node.cache.channels().clone(),
+                    node.cache.ownership().clone(),
+                )
+            };
+            let mut copies = channels.take_changed();
+            if ticks.is_multiple_of(50) {
+                copies = channels.all_of(|id| ownership.state_of(id) == SlotState::Serving);
+            }
+            if copies.is_empty() {
+                continue;
+            }
+            for to in (0..nodes.len()).filter(|&to| to != from) {
+                let roll = rng.f64();
+                let times = match roll {
+                    r if r < 0.2 => 0,
+                    r if r < 0.3 => 2,
+                    _ => 1,
+                };
+                let late = (roll > 0.8).then(|| Duration::from_millis(rng.u64(..1_000)));
+                let (nodes, copies) = (nodes.clone(), copies.clone());
+                let deliver = async move {
+                    if let Some(late) = late {
+                        tokio::time::sleep(late).await;
+                    }
+                    for _ in 0..times {
+                        let cache = nodes[to].lock().unwrap().cache.clone();
+                        let ownership = cache.ownership().clone();
+                        cache.channels().copy_in(copies.clone(), |id| {
+                            ownership.state_of(id) == SlotState::Serving
+                        });
+                    }
+                };
+                tokio::spawn(deliver);
+            }
+        }
+    }
+}
+
+/// What the store must hold of a user's read state of [`BY_CHANNEL`], which
+/// only mentions change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Mentioned {
+    last_acked_id: u64,
+    last_message_id: u64,
+    mention_count: u16,
 }
 
 /// Nodes call each other's `ReleaseSlots` and `HandOver` directly; a call
@@ -341,10 +442,44 @@ struct State {
 
 type Model = BTreeMap<u64, State>;
 
+/// What the store must hold of [`BY_CHANNEL`] and its mentions.
+#[derive(Debug, Default)]
+struct ByChannel {
+    /// The messages its owners answered they took.
+    taken: std::collections::BTreeSet<u64>,
+    users: BTreeMap<u64, Mentioned>,
+}
+
+impl ByChannel {
+    /// `user` was mentioned in `message_id`, which the channel holds (see
+    /// `UserReadStates::mentioned`): counted past the watermark, and a new
+    /// read state is acked just below the message.
+    fn mentioned(&mut self, user: u64, message_id: u64) {
+        match self.users.get_mut(&user) {
+            None => {
+                let state = Mentioned {
+                    last_acked_id: message_id - 1,
+                    last_message_id: message_id,
+                    mention_count: 1,
+                };
+                self.users.insert(user, state);
+            }
+            Some(state) if message_id > state.last_acked_id.max(state.last_message_id) => {
+                state.last_message_id = message_id;
+                state.mention_count += 1;
+            }
+            Some(_) => {}
+        }
+    }
+}
+
 /// What one seed did.
 #[derive(Default)]
 struct Ran {
     operations: usize,
+    /// Moves of the channel counted by channel, and messages it took.
+    channel_moves: usize,
+    taken: usize,
     /// Users handed over warm.
     handed: usize,
     /// Users sent again within a handoff.
@@ -382,6 +517,28 @@ async fn simulate(seed: u64) -> Ran {
     for id in ["a", "b"] {
         change(&ring, RingChange::Add(node(id, 100))).await;
     }
+    admin::wait_served(&*ring, 2, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // BY_CHANNEL is switched by its owner, written, and copied to every
+    // node before any message (as SetChannelCounting answers).
+    let switched = route_one(&nodes, &ring, BY_CHANNEL, |cache| async move {
+        cache.change_channel(BY_CHANNEL, |channels, now| {
+            channels.switch(BY_CHANNEL, 0, now).expect("switched once")
+        })?;
+        while cache.channels().write_now(BY_CHANNEL).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(cache.channels().get(BY_CHANNEL).expect("switched"))
+    })
+    .await;
+    let switched = switched.expect("the switch");
+    for node in nodes.iter() {
+        let channels = node.lock().unwrap().cache.channels().clone();
+        channels.copy_in(vec![switched.clone()], |_| false);
+    }
+    let copying = CancellationToken::new();
+    let copier = tokio::spawn(copy_channels(nodes.clone(), seed, copying.clone()));
 
     // Faults in the store, now and then, for a while.
     if rng.bool() {
@@ -394,13 +551,15 @@ async fn simulate(seed: u64) -> Ran {
     store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(30))).chance(0.2));
 
     let model = Arc::new(Mutex::new(Model::new()));
+    let by_channel = Arc::new(Mutex::new(ByChannel::default()));
     let next_message = Arc::new(Mutex::new(1u64));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|client| {
-            let (nodes, ring, model, next_message) = (
+            let (nodes, ring, model, by_channel, next_message) = (
                 nodes.clone(),
                 ring.clone(),
                 model.clone(),
+                by_channel.clone(),
                 next_message.clone(),
             );
             let mut rng = fastrand::Rng::with_seed(seed * 31 + client as u64);
@@ -432,6 +591,56 @@ async fn simulate(seed: u64) -> Ran {
                                 state.last_message_id = state.last_message_id.max(to);
                                 state.unread_count = 0;
                             }
+                        }
+                    } else if rng.u8(..3) == 0 {
+                        // A message to BY_CHANNEL: its owner takes it, then
+                        // its mentions go to theirs, marked with whether the
+                        // channel holds it (as a node of a fleet sends them).
+                        let message_id = {
+                            let mut next = next_message.lock().unwrap();
+                            *next += 1;
+                            *next
+                        };
+                        let taken = route_one(&nodes, &ring, BY_CHANNEL, |cache| async move {
+                            cache.change_channel(BY_CHANNEL, |channels, now| {
+                                let taken = channels.update(BY_CHANNEL, |c| {
+                                    (c.message_created(message_id, now), c.holds(message_id))
+                                });
+                                taken.expect("the owner counts the channel")
+                            })
+                        })
+                        .await;
+                        let Some((took, holds)) = taken else {
+                            done += 1;
+                            continue;
+                        };
+                        if took {
+                            by_channel.lock().unwrap().taken.insert(message_id);
+                        }
+                        let mut users: Vec<u64> =
+                            (0..rng.usize(..3)).map(|_| own(&mut rng, client)).collect();
+                        users.sort_unstable();
+                        users.dedup();
+                        let applied = route(&nodes, &ring, &users, |cache, part| {
+                            let part = part.to_vec();
+                            async move {
+                                cache
+                                    .update_many(&part, |_, s, now| {
+                                        s.mentioned(
+                                            Key::channel(BY_CHANNEL),
+                                            message_id,
+                                            now,
+                                            holds,
+                                        );
+                                    })
+                                    .await
+                                    .map(|_| ())
+                            }
+                        })
+                        .await;
+                        let mut by_channel = by_channel.lock().unwrap();
+                        for user in applied.into_iter().filter(|_| holds) {
+                            by_channel.mentioned(user, message_id);
                         }
                     } else {
                         // A message to a few users, split by owner.
@@ -516,16 +725,21 @@ async fn simulate(seed: u64) -> Ran {
         plan.truncate(2 + rng.usize(..plan.len() - 2));
     }
     let mut restarts = 0;
+    let mut channel_moves = 0;
     for ring_change in plan {
         tokio::time::sleep(Duration::from_millis(rng.u64(..800))).await;
         change(&ring, ring_change).await;
         check_one_owner(&nodes);
+        let record = ring.load().await.unwrap();
+        let owner_id = |r: &readstates_routing::Ring| r.owner_of(BY_CHANNEL).map(|n| n.id.clone());
+        channel_moves += usize::from(owner_id(&record.ring) != owner_id(&record.previous));
         // A restart, likely while slots move to or from that node.
         if rng.u8(..4) == 0 {
             tokio::time::sleep(Duration::from_millis(rng.u64(..600))).await;
             let index = rng.usize(..NODES.len());
             SimNode::stop(&nodes[index]).await;
-            let fresh = start(index);
+            let config = configs[index].clone();
+            let fresh = SimNode::restart(NODES[index], config, &store, &ring, &peers).await;
             *nodes[index].lock().unwrap() = fresh;
             restarts += 1;
         }
@@ -535,6 +749,27 @@ async fn simulate(seed: u64) -> Ran {
     for client in clients {
         operations += client.await.expect("client");
     }
+    // Every copy ends equal to the owner's (the owner sends all it owns
+    // every 5 s, each send lost one time in five), however copies were
+    // lost, late or repeated.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let copies: Vec<_> = (nodes.iter())
+        .map(|node| {
+            let cache = node.lock().unwrap().cache.clone();
+            let owned = cache.ownership().state_of(BY_CHANNEL) == SlotState::Serving;
+            (owned, cache.channels().get(BY_CHANNEL))
+        })
+        .collect();
+    let owners: Vec<_> = copies.iter().filter(|(owned, _)| *owned).collect();
+    assert_eq!(owners.len(), 1, "one owner of the channel");
+    for (_, copy) in &copies {
+        assert_eq!(
+            copy, &owners[0].1,
+            "a copy of the channel against its owner's"
+        );
+    }
+    copying.cancel();
+    copier.await.unwrap();
     store.clear();
     // Every node shuts down and writes everything.
     for node in nodes.iter() {
@@ -560,10 +795,37 @@ async fn simulate(seed: u64) -> Ran {
             "user {user}: the store against the model"
         );
     }
+    let by_channel = std::mem::take(&mut *by_channel.lock().unwrap());
+    let stored = store.load_channels().await.unwrap();
+    let channel = stored.iter().find(|c| c.channel_id() == BY_CHANNEL);
+    let channel = channel.expect("the channel is stored");
+    let recent: Vec<u64> = channel.recent().collect();
+    let taken: Vec<u64> = by_channel.taken.iter().copied().collect();
+    assert_eq!(recent, taken, "the channel's messages against the model");
+    for user in 1..=USERS {
+        let stored = store.load(user).await.unwrap();
+        let got = (stored.read_states.iter())
+            .find(|s| s.channel_id == BY_CHANNEL && !s.deleted)
+            .map(|s| {
+                assert_eq!(s.unread_count, 0, "user {user}: counted by the channel");
+                Mentioned {
+                    last_acked_id: s.last_acked_id,
+                    last_message_id: s.last_message_id,
+                    mention_count: s.mention_count,
+                }
+            });
+        assert_eq!(
+            got.unwrap_or_default(),
+            by_channel.users.get(&user).copied().unwrap_or_default(),
+            "user {user}: mentions in the channel counted by channel"
+        );
+    }
     let handed = peers.handed.load(std::sync::atomic::Ordering::Relaxed);
     let again = peers.again.load(std::sync::atomic::Ordering::Relaxed);
     Ran {
         operations,
+        channel_moves,
+        taken: taken.len(),
         handed,
         again,
         restarts,
@@ -660,6 +922,32 @@ where
     applied
 }
 
+/// [`route`] for one id (a channel's, routed by its slot as a user's):
+/// what `apply` returned where it was applied, if it was.
+async fn route_one<T, F, Fut>(
+    nodes: &[Mutex<SimNode>],
+    ring: &MemoryRingStore,
+    id: u64,
+    apply: F,
+) -> Option<T>
+where
+    F: Fn(Arc<Cache>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let answer = Mutex::new(None);
+    route(nodes, ring, &[id], |cache, _| {
+        let applying = apply(cache);
+        let answer = &answer;
+        async move {
+            let applied = applying.await?;
+            *answer.lock().unwrap() = Some(applied);
+            Ok(())
+        }
+    })
+    .await;
+    answer.into_inner().unwrap()
+}
+
 /// No slot is served by two nodes.
 fn check_one_owner(nodes: &[Mutex<SimNode>]) {
     for slot in 0..SLOTS as Slot {
@@ -694,6 +982,8 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         })) {
             Ok(ran) => {
                 total.operations += ran.operations;
+                total.channel_moves += ran.channel_moves;
+                total.taken += ran.taken;
                 total.handed += ran.handed;
                 total.again += ran.again;
                 total.restarts += ran.restarts;
@@ -707,19 +997,21 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
     }
     let Ran {
         operations,
+        channel_moves,
+        taken,
         handed,
         again,
         restarts,
         cut,
     } = total;
     println!(
-        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), {restarts} restarts ({cut} handoffs cut by one), in {:.1?}",
+        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), {restarts} restarts ({cut} handoffs cut by one), {taken} messages taken by the channel counted by channel, which moved {channel_moves} times, in {:.1?}",
         seeds.len(),
         started.elapsed()
     );
     if seeds.len() > 10 {
         assert!(
-            handed > 0 && again > 0 && cut > 0,
+            handed > 0 && again > 0 && cut > 0 && channel_moves > 0 && taken > 0,
             "no handoff went through, none sent a user again, or none was cut by a restart: the simulation tests nothing of it"
         );
     }
