@@ -394,14 +394,21 @@ impl ChannelStates {
         }
     }
 
-    /// Write-through (a write delay of zero): writes `channel_id` before
-    /// the request that changed it answers. A failed write leaves the change
-    /// applied and unwritten, for the writer to retry.
+    /// Write-through (a write delay of zero): writes `channel_id`, if it has
+    /// unwritten changes, before a request that may have changed it answers
+    /// (a retry too: what its first try changed may still be unwritten). A
+    /// failed write leaves the change applied and unwritten, for the writer
+    /// to retry.
     pub async fn write_through(&self, channel_id: u64) -> Result<(), StoreError> {
         if !self.write_delay.is_zero() {
             return Ok(());
         }
-        let snapshot = self.held().channels.get(&channel_id).cloned();
+        let snapshot = {
+            let held = self.held();
+            (held.unwritten.contains_key(&channel_id))
+                .then(|| held.channels.get(&channel_id).cloned())
+                .flatten()
+        };
         match snapshot {
             Some(snapshot) => self.write(snapshot).await,
             None => Ok(()),

@@ -127,9 +127,10 @@ pub fn from_client(taken: Option<ChannelTaken>) -> Result<(), Error> {
     }
 }
 
-/// Write-through mode: writes the change a request made to `channel_id`
-/// before it answers (nothing otherwise). A failed write stays applied, as
-/// a user's does, and is retried in the background.
+/// Write-through mode: writes what is unwritten of `channel_id` (the
+/// change a request made, or the one its first try made) before it answers
+/// (nothing otherwise). A failed write stays applied, as a user's does, and
+/// is retried in the background.
 pub async fn write_through(channels: &ChannelStates, channel_id: u64) -> Result<(), Error> {
     (channels.write_through(channel_id).await).map_err(|e| Error::ChannelWriteFailed {
         channel_id,

@@ -47,9 +47,7 @@ pub async fn handle(
     let Some((changed, holds, state)) = changed else {
         return Ok(ChangeChannelResponse::default());
     };
-    if changed {
-        by_channel::write_through(cache.channels(), channel_id).await?;
-    }
+    by_channel::write_through(cache.channels(), channel_id).await?;
     Ok(ChangeChannelResponse {
         counted: true,
         changed,

@@ -67,7 +67,7 @@ pub async fn handle(
             },
         )
         .await?;
-    if took {
+    if counted.by_channel() {
         by_channel::write_through(&channels, key.channel_id).await?;
     }
     let users = changed.into_iter().filter(|&c| c).count() as u32;

@@ -65,7 +65,7 @@ pub async fn handle(
             },
         )
         .await?;
-    if left {
+    if counted.by_channel() {
         by_channel::write_through(&channels, key.channel_id).await?;
     }
     let users = lowered.into_iter().filter(|&l| l).count() as u32;

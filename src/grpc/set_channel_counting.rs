@@ -33,8 +33,7 @@ pub async fn handle(
     })?;
     let channels = cache.channels();
     match copier {
-        None if applied => by_channel::write_through(channels, channel_id).await?,
-        None => {}
+        None => by_channel::write_through(channels, channel_id).await?,
         Some(copier) => {
             (channels.write_now(channel_id).await).map_err(|e| Error::ChannelWriteFailed {
                 channel_id,

@@ -571,6 +571,33 @@ async fn write_through_writes_a_channels_change_before_answering() {
     crate::helpers::eventually("102 written", async || newest(&store) == Some(102)).await;
 }
 
+/// Write-through: a retry of a message whose write failed is answered OK
+/// only once the channel is written (the retry changes nothing, but what
+/// its first try changed is still unwritten).
+#[tokio::test]
+async fn a_retry_after_a_failed_write_through_is_answered_only_once_written() {
+    let store = Arc::new(FaultyStore::memory());
+    let mut config = test_config();
+    config.write_delay = Duration::ZERO;
+    let mut app = spawn_app_on(config, store.clone()).await;
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(CHANNEL));
+    let newest = |store: &FaultyStore| store.channel_writes().last().map(|c| c.last_message_id());
+    for attempt in 0..2 {
+        let failed = c.message_created(message(CHANNEL, 101, 0, &[], &[])).await;
+        let failed = failed.unwrap_err();
+        assert_eq!(failed.code(), Code::Unavailable, "attempt {attempt}");
+    }
+    store.clear();
+    c.message_created(message(CHANNEL, 101, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(newest(&store), Some(101), "written before the answer");
+}
+
 /// A message with a member list that waits for a member's load while its
 /// channel is switched is refused once the switch is seen (its id is past
 /// `counted_from`), never counted per member: the channel takes it when it
