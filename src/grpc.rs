@@ -351,11 +351,14 @@ impl ReadStatesService {
         result
     }
 
-    /// A message (or deletion) of a channel counted by channel, as this
-    /// node's copy says, on a node of a fleet: the channel's owner makes the
-    /// channel's change first (see [`change_channel`]), and the request
-    /// becomes the users' parts, marked with its answer. Returns them, and
-    /// whether the channel changed. Any other request is returned as it is.
+    /// A message (or deletion) that names no members, on a node of a
+    /// fleet: the channel's owner, which alone knows for sure whether the
+    /// channel is counted by channel (this node's copy may lag, or, on a
+    /// node that joined after a switch, be missing), makes the channel's
+    /// change first (see [`change_channel`]), and the request becomes the
+    /// users' parts, marked with its answer. Returns them, and whether the
+    /// channel changed. Any other request, and a message from before the
+    /// switch of a channel this node knows, is returned as it is.
     async fn channel_first<Req: Scatter>(
         &self,
         router: &route::Router,
@@ -370,7 +373,7 @@ impl ReadStatesService {
             kind: Kind::Channel,
         };
         let channels = self.cache.channels();
-        if (channels.counted_from(key)).is_none_or(|from| change.message_id <= from) {
+        if (channels.counted_from(key)).is_some_and(|from| change.message_id <= from) {
             return Ok((request, false));
         }
         let answer = router.change_channel(&self.cache, change, until).await?;

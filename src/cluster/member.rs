@@ -628,16 +628,13 @@ impl Member {
 
     /// Takes in the channels counted by channel of `slots` as their previous
     /// owner wrote them (see [`ChannelStates::acquire`]), retrying until the
-    /// store answers: a copy held here may lag, and serving it would fork
-    /// the channel. Nothing to do on a node that holds no such channel and
-    /// was told of none (a switch is answered only once every node has it).
+    /// store answers: a copy held here may lag or be missing (a node that
+    /// joined after a switch was sent no copy of it), and serving it would
+    /// fork the channel or lose it.
     ///
     /// [`ChannelStates::acquire`]: crate::channel_states::ChannelStates::acquire
     async fn load_channels(&self, slots: &[Slot]) {
         let channels = self.inner.cache.channels();
-        if channels.is_empty() {
-            return;
-        }
         let these = slot_set(slots);
         let mut attempts = 0u32;
         while let Err(e) = channels.acquire(|id| these[usize::from(slot_of(id))]).await {

@@ -256,3 +256,40 @@ async fn a_channel_counted_by_channel_moves_with_its_slot_and_back() {
         settles(&mut [&mut a, &mut b], MEMBER, channel, (0, 2)).await;
     }
 }
+
+/// A node that was not in the ring when channels were switched (none was
+/// sent a copy) and joins after: it counts their messages by channel from
+/// its first request, and serves those whose slots it takes from their
+/// state as written.
+#[tokio::test]
+async fn a_node_that_joins_after_a_switch_counts_by_channel_from_its_first_request() {
+    let (store, ring) = shared();
+    let mut a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    let mut late = member("c", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    let channels: Vec<u64> = (2_000..2_030).collect();
+    const MEMBER: u64 = 4;
+    const MENTIONED: u64 = 5;
+    for &channel in &channels {
+        let switched = a.client.set_channel_counting(switch(channel)).await;
+        assert!(switched.unwrap().into_inner().applied);
+        join(&mut a, MEMBER, channel).await;
+    }
+    add(&ring, "c", &late, 100).await;
+    let record = ring.load().await.unwrap();
+    let on_c = (channels.iter())
+        .filter(|&&c| record.ring.owner(slot_of(c)).unwrap().id == "c")
+        .count();
+    assert!(on_c > 0 && on_c < channels.len(), "{on_c} channels on c");
+    for &channel in &channels {
+        let sent = message(channel, 101, 0, &[MENTIONED], &[]);
+        let answer = late.client.message_created(sent).await.unwrap();
+        assert_eq!(answer.into_inner().updated, 2, "channel {channel}");
+    }
+    for &channel in &channels {
+        settles(&mut [&mut a, &mut b, &mut late], MEMBER, channel, (0, 1)).await;
+        settles(&mut [&mut a, &mut b, &mut late], MENTIONED, channel, (1, 1)).await;
+    }
+}
