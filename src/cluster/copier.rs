@@ -75,13 +75,20 @@ impl Copier {
         }
     }
 
-    /// Sends `copies` to every other node of the ring (and of the previous
-    /// one, still serving while slots move); `Ok` once all took them.
+    /// Sends `copies` to every other node that owns slots in the ring (or
+    /// in the previous one, still serving while slots move): a node at
+    /// weight 0 serves nobody (it may be drained and stopped), and loads
+    /// every channel before it acquires a slot. `Ok` once all took them.
     pub async fn send_to_all(&self, copies: &[ChannelState]) -> Result<(), String> {
         let record = self.member.ring();
+        let owns_slots =
+            |ring: &readstates_routing::Ring, id: &str| ring.slots_of(id).next().is_some();
         let mut addresses: Vec<&str> = (record.ring.nodes().iter())
             .chain(record.previous.nodes())
             .filter(|node| node.id != self.member.id())
+            .filter(|node| {
+                owns_slots(&record.ring, &node.id) || owns_slots(&record.previous, &node.id)
+            })
             .map(|node| node.address.as_str())
             .collect();
         addresses.sort_unstable();

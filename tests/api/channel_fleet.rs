@@ -293,3 +293,22 @@ async fn a_node_that_joins_after_a_switch_counts_by_channel_from_its_first_reque
         settles(&mut [&mut a, &mut b, &mut late], MENTIONED, channel, (1, 1)).await;
     }
 }
+
+/// A node drained to weight 0 and stopped (a rolling restart, a scale-in)
+/// is still in the ring but owns no slot and serves nobody: a switch does
+/// not wait for it to take a copy.
+#[tokio::test]
+async fn a_switch_does_not_wait_for_a_stopped_node_that_owns_no_slot() {
+    let (store, ring) = shared();
+    let mut a = member("a", &store, &ring).await;
+    let b = member("b", &store, &ring).await;
+    let stopped = member("c", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    add(&ring, "c", &stopped, 0).await;
+    stopped.stop().await;
+    for channel in 3_000..3_010 {
+        let switched = a.client.set_channel_counting(switch(channel)).await;
+        assert!(switched.unwrap().into_inner().applied, "channel {channel}");
+    }
+}
