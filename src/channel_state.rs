@@ -289,6 +289,14 @@ impl ChannelState {
         unread_count.saturating_sub(self.unread_after(message_id).count)
     }
 
+    /// Raises the version alone: a new owner's state (see
+    /// [`crate::channel_states::ChannelStates::acquire`]) then replaces
+    /// every copy the other nodes hold, even one of a change its previous
+    /// owner made and lost.
+    pub fn claim(&mut self, now_us: u64) {
+        self.next_version(now_us);
+    }
+
     fn next_version(&mut self, now_us: u64) {
         self.version = (self.version + 1).max(now_us);
     }

@@ -285,29 +285,35 @@ impl ChannelStates {
 
     /// Before this node serves the slots of the channels `acquiring` names:
     /// takes in what the store holds (their previous owner wrote them
-    /// before it let go; a copy held here may lag), and writes behind those
-    /// of them held newer than stored (copies of changes a previous owner
-    /// released by force had not written). Returns how many were loaded.
-    pub async fn acquire(&self, acquiring: impl Fn(u64) -> bool) -> Result<usize, StoreError> {
+    /// before it let go; a copy held here may lag or be missing), keeping a
+    /// copy held here if it is newer (a change a previous owner released
+    /// by force had not written). Each of them then gets a new version,
+    /// written behind and sent to the other nodes, so that it replaces any
+    /// copy they hold, older or not. Returns how many were loaded.
+    pub async fn acquire(
+        &self,
+        acquiring: impl Fn(u64) -> bool,
+        now_us: u64,
+    ) -> Result<usize, StoreError> {
         let stored = self.store.load_channels().await?;
         let count = stored.len();
         let mut held = self.held_mut();
-        let mut stored_versions = HashMap::new();
         for channel in stored {
             let id = channel.channel_id();
-            stored_versions.insert(id, channel.version());
             if (held.channels.get(&id)).is_none_or(|c| c.version() < channel.version()) {
                 held.channels.insert(id, channel);
                 held.recounted.insert(id);
             }
         }
-        let newer: Vec<u64> = (held.channels.values())
-            .filter(|c| acquiring(c.channel_id()))
-            .filter(|c| stored_versions.get(&c.channel_id()) < Some(&c.version()))
-            .map(ChannelState::channel_id)
+        let acquired: Vec<u64> = (held.channels.keys().copied())
+            .filter(|&id| acquiring(id))
             .collect();
-        for id in newer {
+        for id in acquired {
+            if let Some(channel) = held.channels.get_mut(&id) {
+                channel.claim(now_us);
+            }
             self.mark_unwritten(&mut held, id);
+            self.mark_changed(&mut held, id);
         }
         self.any.store(!held.channels.is_empty(), Ordering::Release);
         Ok(count)

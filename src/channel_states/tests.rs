@@ -126,6 +126,82 @@ async fn what_is_stored_is_loaded() {
     assert_eq!(channels.unwritten(), 0);
 }
 
+/// A channel switched at 100 and given `messages`, with the version
+/// `version` (as another node's copy of it would be).
+fn copy(channel_id: u64, messages: &[u64], version: u64) -> ChannelState {
+    let last = messages.last().copied().unwrap_or(100);
+    ChannelState::from_stored(channel_id, 100, last, 0, messages.to_vec(), version)
+}
+
+#[tokio::test]
+async fn a_copy_replaces_only_an_older_state_and_never_the_owners() {
+    let store = Arc::new(FaultyStore::memory());
+    let channels = ChannelStates::new(store, DELAY);
+    assert_eq!(channels.copy_in(vec![copy(7, &[101], 10)], |_| false), 1);
+    let older = copy(7, &[], 5);
+    let same = copy(7, &[101, 102], 10);
+    assert_eq!(channels.copy_in(vec![older, same], |_| false), 0);
+    assert_eq!(channels.get(7).unwrap().last_message_id(), 101);
+    assert_eq!(
+        channels.copy_in(vec![copy(7, &[101, 102], 11)], |_| false),
+        1
+    );
+    assert_eq!(channels.get(7).unwrap().last_message_id(), 102);
+    // The owner's own state is never replaced, and copies are not written.
+    assert_eq!(
+        channels.copy_in(vec![copy(7, &[101, 102, 103], 12)], |_| true),
+        0
+    );
+    assert_eq!(channels.unwritten(), 0);
+    assert_eq!(channels.take_recounted(), vec![7], "members' counts moved");
+}
+
+#[tokio::test]
+async fn release_writes_the_channels_let_go_and_stops_writing_them() {
+    let store = Arc::new(FaultyStore::memory());
+    let channels = ChannelStates::new(store.clone(), DELAY);
+    for id in [7, 8] {
+        channels.switch(id, 100, 1).unwrap();
+        message(&channels, id, 101);
+    }
+    assert_eq!(channels.release(|id| id == 7).await, 1);
+    let stored = stored(&store).await;
+    assert_eq!(stored[&7].last_message_id(), 101);
+    assert!(!stored.contains_key(&8), "not let go: written when due");
+    assert_eq!(channels.unwritten(), 1);
+    assert_eq!(
+        channels.get(7).unwrap().last_message_id(),
+        101,
+        "a copy stays"
+    );
+}
+
+#[tokio::test]
+async fn an_acquired_channel_is_the_newest_of_store_and_copy_and_outranks_every_copy() {
+    let store = Arc::new(FaultyStore::memory());
+    store.write_channel(&copy(7, &[101], 10)).await.unwrap();
+    store.write_channel(&copy(8, &[101], 10)).await.unwrap();
+    let channels = ChannelStates::new(store.clone(), DELAY);
+    channels.keep_changed();
+    // Held here: an older copy of 7; a newer one of 8, of a change its
+    // previous owner made and lost (released by force).
+    channels.copy_in(vec![copy(7, &[], 9), copy(8, &[101, 102], 20)], |_| false);
+    assert_eq!(channels.acquire(|_| true, 0).await.unwrap(), 2);
+    let (seven, eight) = (channels.get(7).unwrap(), channels.get(8).unwrap());
+    assert_eq!(seven.last_message_id(), 101, "the store's");
+    assert_eq!(eight.last_message_id(), 102, "the newer copy");
+    assert!(
+        seven.version() > 10 && eight.version() > 20,
+        "above every copy"
+    );
+    assert_eq!(channels.unwritten(), 2, "written by the new owner");
+    let mut changed: Vec<u64> = (channels.take_changed().iter())
+        .map(ChannelState::channel_id)
+        .collect();
+    changed.sort_unstable();
+    assert_eq!(changed, [7, 8], "sent to the other nodes");
+}
+
 fn ms(millis: u64) -> Duration {
     Duration::from_millis(millis)
 }

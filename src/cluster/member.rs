@@ -37,6 +37,7 @@ use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
 use crate::cache::handoff::{Chunk, Sent, Versions};
+use crate::clock;
 use crate::error::Error;
 use crate::metrics::{HANDED_IN_USERS, MOVED_USERS};
 use crate::ownership::{Ownership, SlotState};
@@ -637,7 +638,11 @@ impl Member {
         let channels = self.inner.cache.channels();
         let these = slot_set(slots);
         let mut attempts = 0u32;
-        while let Err(e) = channels.acquire(|id| these[usize::from(slot_of(id))]).await {
+        let now_us = clock::now_micros();
+        while let Err(e) = channels
+            .acquire(|id| these[usize::from(slot_of(id))], now_us)
+            .await
+        {
             attempts += 1;
             if attempts == 1 || attempts.is_power_of_two() {
                 tracing::warn!(error = %e, "cannot load the channels counted by channel; retrying");

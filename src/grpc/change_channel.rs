@@ -102,6 +102,9 @@ impl Router {
                         .unwrap_or(0);
                     refusal = Some(status);
                     self.member.catch_up(epoch, HOLD).await;
+                    // The previous owner refused: it is releasing the slot
+                    // to this node, which serves it once it has it.
+                    self.hold(channel_id, until).await;
                 }
                 Err(status) => return Err(status),
             }
