@@ -368,6 +368,10 @@ impl ReadStatesService {
         let Some(change) = request.channel_change() else {
             return Ok((request, false));
         };
+        // Refused whole, before its channel takes it.
+        request.users().map_err(Status::from)?;
+        validate::id("channel_id", change.channel_id)?;
+        validate::id("message_id", change.message_id)?;
         let key = Key {
             channel_id: change.channel_id,
             kind: Kind::Channel,

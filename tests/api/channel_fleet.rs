@@ -312,3 +312,35 @@ async fn a_switch_does_not_wait_for_a_stopped_node_that_owns_no_slot() {
         assert!(switched.unwrap().into_inner().applied, "channel {channel}");
     }
 }
+
+/// A message with a bad mention list is refused whole on a fleet: its
+/// channel does not take it first (a valid retry then counts it once).
+#[tokio::test]
+async fn a_message_refused_as_invalid_is_not_taken_by_its_channel() {
+    let (store, ring) = shared();
+    let mut a = member("a", &store, &ring).await;
+    let mut b = member("b", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    add(&ring, "b", &b, 100).await;
+    const CHANNEL: u64 = 91;
+    assert!(
+        a.client
+            .set_channel_counting(switch(CHANNEL))
+            .await
+            .unwrap()
+            .into_inner()
+            .applied
+    );
+    join(&mut a, 1, CHANNEL).await;
+    for app in [&mut a, &mut b] {
+        let bad = message(CHANNEL, 101, 0, &[0], &[]);
+        let refused = app.client.message_created(bad).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    }
+    let valid = b
+        .client
+        .message_created(message(CHANNEL, 101, 0, &[], &[]))
+        .await;
+    assert_eq!(valid.unwrap().into_inner().updated, 1, "taken by the retry");
+    settles(&mut [&mut a, &mut b], 1, CHANNEL, (0, 1)).await;
+}
