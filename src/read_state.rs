@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use crate::channel_state::{ChannelState, Channels, Shown};
 
-/// What a read state tracks. `Channel` is almost everything; the others are
+/// What a read state tracks. `Channel` is almost everything; `Thread` is a
+/// thread the user follows, which belongs to a parent channel (its id is kept
+/// beside the read state, see [`Entries::parents`]); the others are
 /// non-message badges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
@@ -28,16 +30,19 @@ pub enum Kind {
     GuildHome = 3,
     GuildOnboardingQuestion = 4,
     MessageRequests = 5,
+    /// Sorts last, so a user's thread read states are the last entries.
+    Thread = 6,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Channel,
         Kind::GuildEvent,
         Kind::NotificationCenter,
         Kind::GuildHome,
         Kind::GuildOnboardingQuestion,
         Kind::MessageRequests,
+        Kind::Thread,
     ];
 
     /// The kind with this wire number, if there is one.
@@ -192,8 +197,11 @@ pub struct Header {
     pub clear_pending: bool,
 }
 
-/// Where a user's read states live, sorted by key: a `Vec` on their own; the
-/// cache keeps them in its arena and changes them there.
+/// Where a user's read states live, sorted by key: [`Owned`] on their own;
+/// the cache keeps them in its arena and changes them there. Beside them,
+/// the parent ids of the thread read states (tombstones too): 8 bytes each,
+/// kept only for threads, which sort last, so the `i`-th parent is that of
+/// the `i`-th thread entry. Only [`UserReadStates`] keeps the two in step.
 pub trait Entries: DerefMut<Target = [ReadState]> {
     /// Inserts `entry` at `index`, shifting the ones after it up.
     fn insert(&mut self, index: usize, entry: ReadState);
@@ -201,28 +209,88 @@ pub trait Entries: DerefMut<Target = [ReadState]> {
     fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool);
     /// Removes every entry.
     fn clear(&mut self);
+    /// The parent ids of the thread entries, in their order.
+    fn parents(&self) -> &[u64];
+    /// Replaces them (rare: only following a thread or dropping one moves
+    /// them).
+    fn set_parents(&mut self, parents: &[u64]);
 }
 
-impl Entries for Vec<ReadState> {
+/// A user's read states on their own (loaded, handed over, in tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Owned {
+    entries: Vec<ReadState>,
+    parents: Vec<u64>,
+}
+
+impl Owned {
+    /// `entries` sorted by key, with the parent ids of its thread entries.
+    pub fn new(entries: Vec<ReadState>, parents: Vec<u64>) -> Owned {
+        Owned { entries, parents }
+    }
+
+    /// Read states each with its parent id (0 but for a thread's), in any
+    /// order: sorted, one per key, and a thread read state without a
+    /// parent dropped (no build makes one).
+    pub fn from_rows(mut rows: Vec<(ReadState, u64)>) -> Owned {
+        rows.retain(|(e, parent)| e.kind != Kind::Thread || *parent != 0);
+        rows.sort_unstable_by_key(|(e, _)| e.key());
+        rows.dedup_by_key(|(e, _)| e.key());
+        let first = rows.partition_point(|(e, _)| e.kind < Kind::Thread);
+        let parents = rows[first..].iter().map(|&(_, parent)| parent).collect();
+        let mut entries: Vec<ReadState> = rows.into_iter().map(|(e, _)| e).collect();
+        entries.shrink_to_fit();
+        Owned { entries, parents }
+    }
+}
+
+impl std::ops::Deref for Owned {
+    type Target = [ReadState];
+
+    fn deref(&self) -> &[ReadState] {
+        &self.entries
+    }
+}
+
+impl DerefMut for Owned {
+    fn deref_mut(&mut self) -> &mut [ReadState] {
+        &mut self.entries
+    }
+}
+
+impl Entries for Owned {
     fn insert(&mut self, index: usize, entry: ReadState) {
         // Exact growth: per-user vectors are small and many, and doubling
         // would waste a third of them on average.
-        self.reserve_exact(1);
-        Vec::insert(self, index, entry);
+        self.entries.reserve_exact(1);
+        self.entries.insert(index, entry);
     }
 
     fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool) {
-        Vec::retain(self, keep);
+        self.entries.retain(keep);
     }
 
     fn clear(&mut self) {
-        *self = Vec::new();
+        *self = Owned::default();
     }
+
+    fn parents(&self) -> &[u64] {
+        &self.parents
+    }
+
+    fn set_parents(&mut self, parents: &[u64]) {
+        self.parents = parents.to_vec();
+    }
+}
+
+/// Where a user's thread entries start (they sort last).
+pub fn first_thread(entries: &[ReadState]) -> usize {
+    entries.partition_point(|e| e.kind < Kind::Thread)
 }
 
 /// All read states of one user, sorted by key, with the user's version.
 #[derive(Clone, Debug)]
-pub struct UserReadStates<E = Vec<ReadState>> {
+pub struct UserReadStates<E = Owned> {
     /// Rises on every applied change: `max(previous + 1, now_µs)`.
     version: u64,
     /// The store holds every change up to this version.
@@ -249,7 +317,9 @@ pub struct UserReadStates<E = Vec<ReadState>> {
 /// were counted does not matter.
 impl<E: Entries> PartialEq for UserReadStates<E> {
     fn eq(&self, other: &Self) -> bool {
-        self.view().header() == other.view().header() && *self.entries == *other.entries
+        self.view().header() == other.view().header()
+            && *self.entries == *other.entries
+            && self.entries.parents() == other.entries.parents()
     }
 }
 
@@ -264,10 +334,10 @@ impl Default for UserReadStates {
 
 impl UserReadStates {
     /// A user as the store holds it: everything in it is already written.
-    pub fn from_stored(version: u64, delta_floor: u64, mut entries: Vec<ReadState>) -> Self {
-        entries.sort_unstable_by_key(ReadState::key);
-        entries.dedup_by_key(|e| e.key());
-        entries.shrink_to_fit();
+    /// Each read state comes with its parent id (0 but for a thread's); a
+    /// thread read state without one is dropped (a row no build writes).
+    pub fn from_stored(version: u64, delta_floor: u64, rows: Vec<(ReadState, u64)>) -> Self {
+        let entries = Owned::from_rows(rows);
         let version = entries.iter().map(|e| e.version).fold(version, u64::max);
         UserReadStates {
             version,
@@ -317,6 +387,7 @@ impl<E: Entries> UserReadStates<E> {
                 clear_pending: self.clear_pending,
             },
             entries: &self.entries,
+            parents: self.entries.parents(),
         }
     }
 
@@ -691,9 +762,35 @@ impl<E: Entries> UserReadStates<E> {
         }
         let cutoff = written[drop - 1];
         let before = self.entries.len();
-        self.entries.retain(|e| !(e.deleted && e.version <= cutoff));
+        self.retain_entries(|e| !(e.deleted && e.version <= cutoff));
         self.delta_floor = self.delta_floor.max(cutoff);
         before - self.entries.len()
+    }
+
+    /// Inserts `entry` at `index`; a thread entry with parent 0 until its
+    /// parent is set, so that the parents stay in step with the threads.
+    fn insert_entry(&mut self, index: usize, entry: ReadState) {
+        if entry.kind == Kind::Thread {
+            let at = index - first_thread(&self.entries);
+            let mut parents = self.entries.parents().to_vec();
+            parents.insert(at, 0);
+            self.entries.set_parents(&parents);
+        }
+        self.entries.insert(index, entry);
+    }
+
+    /// Keeps only the entries `keep` says to, and their parents.
+    fn retain_entries(&mut self, mut keep: impl FnMut(&ReadState) -> bool) {
+        let first = first_thread(&self.entries);
+        let parents: Vec<u64> = (self.entries[first..].iter())
+            .zip(self.entries.parents())
+            .filter(|(e, _)| keep(e))
+            .map(|(_, &parent)| parent)
+            .collect();
+        if parents.len() != self.entries.parents().len() {
+            self.entries.set_parents(&parents);
+        }
+        self.entries.retain(keep);
     }
 
     fn next_version(&mut self, now_us: u64) -> u64 {
@@ -747,7 +844,7 @@ impl<E: Entries> UserReadStates<E> {
                 (i, was_unwritten)
             }
             Err(i) => {
-                self.entries.insert(i, ReadState::new(key));
+                self.insert_entry(i, ReadState::new(key));
                 (i, false)
             }
         };
@@ -771,6 +868,8 @@ pub struct UserView<'a> {
     header: Header,
     /// Sorted by key.
     entries: &'a [ReadState],
+    /// The parent ids of the thread entries (see [`Entries::parents`]).
+    parents: &'a [u64],
 }
 
 impl<'a, E: Entries> From<&'a UserReadStates<E>> for UserView<'a> {
@@ -782,8 +881,37 @@ impl<'a, E: Entries> From<&'a UserReadStates<E>> for UserView<'a> {
 impl<'a> UserView<'a> {
     /// `entries` must be sorted by key, as [`UserReadStates::into_parts`]
     /// gives them.
-    pub fn new(header: Header, entries: &'a [ReadState]) -> UserView<'a> {
-        UserView { header, entries }
+    pub fn new(header: Header, entries: &'a [ReadState], parents: &'a [u64]) -> UserView<'a> {
+        UserView {
+            header,
+            entries,
+            parents,
+        }
+    }
+
+    /// The parent ids of the thread entries, in their order.
+    pub fn parents(self) -> &'a [u64] {
+        self.parents
+    }
+
+    /// Each read state and tombstone with its parent id (0 but for a
+    /// thread's): as the store keeps them.
+    pub fn with_parents(self) -> impl Iterator<Item = (&'a ReadState, u64)> {
+        let first = first_thread(self.entries);
+        let parents = std::iter::repeat_n(0, first).chain(self.parents.iter().copied());
+        self.entries.iter().zip(parents)
+    }
+
+    /// The parent of the thread read state (or tombstone) of `thread_id`.
+    pub fn parent_of(self, thread_id: u64) -> Option<u64> {
+        let key = Key {
+            kind: Kind::Thread,
+            channel_id: thread_id,
+        };
+        let index = search(self.entries, key).ok()?;
+        self.parents
+            .get(index - first_thread(self.entries))
+            .copied()
     }
 
     pub fn header(self) -> Header {

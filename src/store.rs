@@ -43,7 +43,9 @@ impl StoredUser {
     pub fn into_user(self, now_us: u64) -> UserReadStates {
         let retention_start = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
         let delta_floor = self.delta_floor.max(retention_start);
-        let mut user = UserReadStates::from_stored(self.version, delta_floor, self.read_states);
+        // No store keeps a thread's parent yet: there are no thread rows.
+        let rows = self.read_states.into_iter().map(|e| (e, 0)).collect();
+        let mut user = UserReadStates::from_stored(self.version, delta_floor, rows);
         user.prune_tombstones(now_us);
         user
     }

@@ -1,5 +1,6 @@
 //! Where a shard keeps its users' read states: one block per user, in chunks
-//! of equal blocks per size class.
+//! of equal blocks per size class. (Generic over what a block holds: the
+//! parent ids of a user's thread read states are kept the same way.)
 //!
 //! A `Vec` per user costs its 24-byte header and the allocator's rounding
 //! (ten read states, 400 bytes, take a 448-byte bin). Here a user with up to
@@ -13,7 +14,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use crate::read_state::{Entries, Key, ReadState};
+use crate::read_state::{Entries, Key, ReadState, first_thread};
 
 /// The most bytes of read states in one chunk (a larger block has a chunk
 /// of its own).
@@ -73,26 +74,37 @@ const fn small_classes() -> [u8; 1024] {
     classes
 }
 
-/// What fills a block's unused tail.
-const FILLER: ReadState = ReadState::new(Key::channel(0));
+/// What an arena's blocks hold.
+pub(crate) trait Slot: Copy + std::fmt::Debug {
+    /// What fills a block's unused tail.
+    const FILLER: Self;
+}
+
+impl Slot for ReadState {
+    const FILLER: ReadState = ReadState::new(Key::channel(0));
+}
+
+impl Slot for u64 {
+    const FILLER: u64 = 0;
+}
 
 /// The blocks of one capacity.
 #[derive(Debug)]
-struct Class {
+struct Class<T> {
     capacity: usize,
     /// Blocks per full chunk.
     per_chunk: usize,
     /// Full chunks, then the one filling up.
-    chunks: Vec<Vec<ReadState>>,
+    chunks: Vec<Vec<T>>,
     /// Blocks handed out and given back.
     free: Vec<u32>,
     /// Blocks ever made.
     made: u32,
 }
 
-impl Class {
-    fn new(capacity: usize) -> Class {
-        let size = capacity * size_of::<ReadState>();
+impl<T: Slot> Class<T> {
+    fn new(capacity: usize) -> Class<T> {
+        let size = capacity * size_of::<T>();
         Class {
             capacity,
             per_chunk: (CHUNK_BYTES / size).max(1),
@@ -126,21 +138,29 @@ impl Class {
             let grown = (chunk.capacity() * 2).clamp(self.capacity, full);
             chunk.reserve_exact(grown - chunk.len());
         }
-        chunk.resize(chunk.len() + self.capacity, FILLER);
+        chunk.resize(chunk.len() + self.capacity, T::FILLER);
         self.made += 1;
         Block(self.made - 1)
     }
 }
 
 /// One shard's blocks, by class.
-#[derive(Debug, Default)]
-pub(crate) struct Arena {
-    classes: Vec<Class>,
+#[derive(Debug)]
+pub(crate) struct Arena<T = ReadState> {
+    classes: Vec<Class<T>>,
 }
 
-impl Arena {
+impl<T> Default for Arena<T> {
+    fn default() -> Self {
+        Arena {
+            classes: Vec::new(),
+        }
+    }
+}
+
+impl<T: Slot> Arena<T> {
     /// The `len` read states in `block`.
-    pub(crate) fn get(&self, block: Block, len: usize) -> &[ReadState] {
+    pub(crate) fn get(&self, block: Block, len: usize) -> &[T] {
         if len == 0 {
             return &[];
         }
@@ -152,7 +172,7 @@ impl Arena {
     /// Stores `entries` for a user whose block was `block`, holding `len`:
     /// in the same block if their class is the same, else in a new one (the
     /// old one is freed). Returns the user's block.
-    pub(crate) fn put(&mut self, block: Block, len: usize, entries: &[ReadState]) -> Block {
+    pub(crate) fn put(&mut self, block: Block, len: usize, entries: &[T]) -> Block {
         if entries.is_empty() {
             self.free(block, len);
             return Block::EMPTY;
@@ -184,7 +204,7 @@ impl Arena {
     }
 
     /// The whole block of a user holding `len` (at least 1) read states.
-    fn block_mut(&mut self, block: Block, len: usize) -> &mut [ReadState] {
+    fn block_mut(&mut self, block: Block, len: usize) -> &mut [T] {
         let class = &mut self.classes[class_of(len)];
         let (chunk, range) = class.range(block);
         &mut class.chunks[chunk][range]
@@ -197,7 +217,7 @@ impl Arena {
         block: Block,
         len: usize,
         new_len: usize,
-        fill: impl FnOnce(&[ReadState], &mut [ReadState]),
+        fill: impl FnOnce(&[T], &mut [T]),
     ) -> Block {
         let (from, to) = (class_of(len), class_of(new_len));
         let new = self.class(to).take();
@@ -222,7 +242,7 @@ impl Arena {
         }
     }
 
-    fn class(&mut self, class: usize) -> &mut Class {
+    fn class(&mut self, class: usize) -> &mut Class<T> {
         while self.classes.len() <= class {
             let capacity = CAPACITIES[self.classes.len()] as usize;
             self.classes.push(Class::new(capacity));
@@ -242,6 +262,11 @@ pub struct Stored<'a> {
     /// Where `block` is (`None` when empty), found once rather than on
     /// every access the domain makes.
     at: Option<Location>,
+    /// The parent ids of the user's thread read states, in an arena of
+    /// their own (a user without threads has none: [`Block::EMPTY`]).
+    parents: &'a mut Arena<u64>,
+    parents_block: Block,
+    threads: usize,
 }
 
 /// Where a block is in the arena.
@@ -253,19 +278,31 @@ struct Location {
 }
 
 impl<'a> Stored<'a> {
-    pub(crate) fn new(arena: &'a mut Arena, block: Block, len: usize) -> Stored<'a> {
+    pub(crate) fn new(
+        arena: &'a mut Arena,
+        block: Block,
+        len: usize,
+        parents: &'a mut Arena<u64>,
+        parents_block: Block,
+    ) -> Stored<'a> {
         let at = arena.locate(block, len);
-        Stored {
+        let mut stored = Stored {
             arena,
             block,
             len,
             at,
-        }
+            parents,
+            parents_block,
+            threads: 0,
+        };
+        stored.threads = len - first_thread(&stored);
+        stored
     }
 
-    /// Where the read states are now, and how many.
-    pub(crate) fn place(&self) -> (Block, usize) {
-        (self.block, self.len)
+    /// Where the read states are now and how many, and where their
+    /// parents are.
+    pub(crate) fn place(&self) -> (Block, usize, Block) {
+        (self.block, self.len, self.parents_block)
     }
 
     fn moved(&mut self, block: Block, len: usize) {
@@ -343,12 +380,23 @@ impl Entries for Stored<'_> {
     fn clear(&mut self) {
         self.arena.free(self.block, self.len);
         self.moved(Block::EMPTY, 0);
+        self.set_parents(&[]);
+    }
+
+    fn parents(&self) -> &[u64] {
+        self.parents.get(self.parents_block, self.threads)
+    }
+
+    fn set_parents(&mut self, parents: &[u64]) {
+        self.parents_block = self.parents.put(self.parents_block, self.threads, parents);
+        self.threads = parents.len();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::read_state::{Kind, Owned};
 
     fn states(len: usize, seed: u64) -> Vec<ReadState> {
         (0..len as u64)
@@ -417,24 +465,36 @@ mod tests {
     }
 
     #[test]
-    fn stored_read_states_change_in_place_like_a_vec() {
+    fn stored_read_states_and_parents_change_in_place_like_a_vec() {
         let mut arena = Arena::default();
+        let mut parents = Arena::default();
         let mut rng = fastrand::Rng::with_seed(7);
-        let mut model: Vec<ReadState> = Vec::new();
-        let (mut block, mut len) = (Block::EMPTY, 0);
+        let mut model = Owned::default();
+        let (mut block, mut len, mut parents_block) = (Block::EMPTY, 0, Block::EMPTY);
         // Another user between, so that a relocation is visible if wrong.
         let other = arena.put(Block::EMPTY, 0, &states(17, 99));
+        let other_parents = parents.put(Block::EMPTY, 0, &[5, 6, 7]);
         for step in 0..2_000u64 {
-            let mut stored = Stored::new(&mut arena, block, len);
+            let mut stored = Stored::new(&mut arena, block, len, &mut parents, parents_block);
             match rng.u8(..10) {
                 0..=6 => {
-                    let index = rng.usize(..=model.len());
+                    let kind = if rng.bool() {
+                        Kind::Thread
+                    } else {
+                        Kind::Channel
+                    };
+                    let key = Key {
+                        kind,
+                        channel_id: rng.u64(..500),
+                    };
                     let entry = ReadState {
                         last_acked_id: step,
-                        ..ReadState::new(Key::channel(step))
+                        ..ReadState::new(key)
                     };
-                    Entries::insert(&mut model, index, entry);
-                    stored.insert(index, entry);
+                    if let Err(index) = model.binary_search_by_key(&key, ReadState::key) {
+                        Entries::insert(&mut model, index, entry);
+                        stored.insert(index, entry);
+                    }
                 }
                 7..=8 => {
                     let modulus = rng.u64(2..5);
@@ -448,10 +508,17 @@ mod tests {
                     }
                 }
             }
+            // Parents are stored whole, one per thread entry (the last ones).
+            let threads = model.len() - first_thread(&model);
+            let kept: Vec<u64> = (0..threads).map(|i| step * 1_000 + i as u64).collect();
+            model.set_parents(&kept);
+            stored.set_parents(&kept);
             assert_eq!(&stored[..], &model[..], "step {step}");
-            (block, len) = stored.place();
+            assert_eq!(stored.parents(), model.parents(), "step {step}");
+            (block, len, parents_block) = stored.place();
         }
-        Stored::new(&mut arena, block, len).clear();
+        Stored::new(&mut arena, block, len, &mut parents, parents_block).clear();
         assert_eq!(arena.get(other, 17), &states(17, 99)[..]);
+        assert_eq!(parents.get(other_parents, 3), &[5, 6, 7]);
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::{Duration, Instant};
 use super::arena::{Arena, Block, Stored};
 use super::users::{CachedUser, Flags, Slot, Users};
 use crate::channel_states::ChannelStates;
-use crate::read_state::{Entries, UserReadStates, UserView};
+use crate::read_state::{Entries, UserReadStates, UserView, first_thread};
 use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
@@ -104,6 +104,11 @@ pub(crate) struct Shard {
     users: Users,
     /// The users' read states.
     arena: Arena,
+    /// The parent ids of thread read states, and where each user who
+    /// follows threads has them (few users do: a map, not a field of every
+    /// user's record).
+    parents: Arena<u64>,
+    parent_blocks: hashbrown::HashMap<u64, Block>,
     /// Read states (and tombstones) of cached users, see
     /// [`CachedUser::weight`].
     read_states: usize,
@@ -162,6 +167,8 @@ impl Shard {
         Shard {
             users: Users::new(),
             arena: Arena::default(),
+            parents: Arena::default(),
+            parent_blocks: hashbrown::HashMap::default(),
             read_states: 0,
             capacity,
             evicted: HashSet::new(),
@@ -212,7 +219,13 @@ impl Shard {
     /// A user's read states, where they are.
     fn view(&self, slot: Slot) -> UserView<'_> {
         let user = self.users.get(slot);
-        UserView::new(user.header(), self.arena.get(user.block, user.len as usize))
+        let entries = self.arena.get(user.block, user.len as usize);
+        let threads = entries.len() - first_thread(entries);
+        let parents = match self.parent_blocks.get(&user.user_id) {
+            Some(&block) => self.parents.get(block, threads),
+            None => &[],
+        };
+        UserView::new(user.header(), entries, parents)
     }
 
     /// Runs `f` on a user's read states where they are stored, then keeps
@@ -224,15 +237,26 @@ impl Shard {
     ) -> R {
         let user = self.users.get(slot);
         let (header, block, len) = (user.header(), user.block, user.len as usize);
-        let mut states =
-            UserReadStates::from_parts(header, Stored::new(&mut self.arena, block, len));
+        let user_id = user.user_id;
+        let parents = (self.parent_blocks.get(&user_id).copied()).unwrap_or(Block::EMPTY);
+        let stored = Stored::new(&mut self.arena, block, len, &mut self.parents, parents);
+        let mut states = UserReadStates::from_parts(header, stored);
         let result = f(&mut states);
         let (header, stored) = states.into_parts();
-        let (block, len) = stored.place();
+        let (block, len, parents) = stored.place();
+        self.place_parents(user_id, parents);
         let user = self.users.get_mut(slot);
         user.set_header(header);
         (user.block, user.len) = (block, len as u32);
         result
+    }
+
+    /// Notes where `user_id`'s parents are now.
+    fn place_parents(&mut self, user_id: u64, parents: Block) {
+        match parents {
+            Block::EMPTY => self.parent_blocks.remove(&user_id),
+            block => self.parent_blocks.insert(user_id, block),
+        };
     }
 
     /// Drops a user and its read states.
@@ -243,7 +267,12 @@ impl Shard {
             // by the slot's generation.
             self.pins_beyond.remove(&user.user_id);
         }
+        let entries = self.arena.get(user.block, user.len as usize);
+        let threads = entries.len() - first_thread(entries);
         self.arena.free(user.block, user.len as usize);
+        if let Some(block) = self.parent_blocks.remove(&user.user_id) {
+            self.parents.free(block, threads);
+        }
     }
 
     /// The shard's millisecond clock at `now`; it wraps after 49 days, so
@@ -521,6 +550,8 @@ impl Shard {
         let (header, entries) = states.into_parts();
         user.set_header(header);
         user.block = self.arena.put(Block::EMPTY, 0, &entries);
+        let parents = self.parents.put(Block::EMPTY, 0, entries.parents());
+        self.place_parents(user_id, parents);
         user.len = entries.len() as u32;
         user
     }

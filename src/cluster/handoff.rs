@@ -10,7 +10,7 @@ use tokio::time::Duration;
 
 use crate::cache::handoff::{Chunk, HandedDeletion, HandedUser};
 use crate::proto;
-use crate::read_state::{Header, Kind, ReadState, UserReadStates, saturated_count};
+use crate::read_state::{Header, Kind, Owned, ReadState, UserReadStates, saturated_count};
 use crate::recent_deletions::Deletion;
 
 /// What one handoff hands over.
@@ -102,9 +102,8 @@ fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
         delta_floor: header.delta_floor,
         clear_pending: header.clear_pending,
         read_states: view
-            .entries()
-            .iter()
-            .map(|state| proto::HandedReadState {
+            .with_parents()
+            .map(|(state, parent_id)| proto::HandedReadState {
                 channel_id: state.channel_id,
                 kind: state.kind as i32,
                 last_acked_id: state.last_acked_id,
@@ -114,6 +113,7 @@ fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
                 unread_count: u32::from(state.unread_count),
                 deleted: state.deleted,
                 muted: state.muted,
+                parent_id,
             })
             .collect(),
         unwritten_for_ms: user.unwritten_for.map_or(0, |d| d.as_millis() as u64),
@@ -121,11 +121,11 @@ fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
 }
 
 fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
-    let mut entries = user
+    let rows = user
         .read_states
         .into_iter()
         .map(|state| {
-            Ok(ReadState {
+            let read_state = ReadState {
                 channel_id: state.channel_id,
                 last_acked_id: state.last_acked_id,
                 last_message_id: state.last_message_id,
@@ -135,11 +135,11 @@ fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
                 kind: kind(state.kind)?,
                 deleted: state.deleted,
                 muted: state.muted,
-            })
+            };
+            Ok((read_state, state.parent_id))
         })
         .collect::<Result<Vec<_>, String>>()?;
-    entries.sort_unstable_by_key(ReadState::key);
-    entries.dedup_by_key(|e| e.key());
+    let entries = Owned::from_rows(rows);
     let header = Header {
         version: user.version,
         written_version: user.written_version,

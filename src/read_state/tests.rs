@@ -384,7 +384,8 @@ fn from_stored_is_clean_and_sorted() {
             ..ReadState::new(C1)
         },
     ];
-    let user = UserReadStates::from_stored(3, 0, states);
+    let rows = states.into_iter().map(|e| (e, 0)).collect();
+    let user = UserReadStates::from_stored(3, 0, rows);
     assert_eq!(user.version(), 9, "never below a stored row's version");
     assert!(!user.has_unwritten());
     assert_eq!(

@@ -172,6 +172,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
                 unread_count: 0,
                 deleted: false,
                 muted: false,
+                parent_id: 0,
             }],
             unwritten_for_ms: 0,
         }],

@@ -10,7 +10,7 @@ use tokio::time::{Duration, Instant};
 use super::Shard;
 use crate::cache::handoff::{HandedDeletion, HandedUser, Sent};
 use crate::cache::users::Flags;
-use crate::read_state::UserReadStates;
+use crate::read_state::{Owned, UserReadStates};
 
 impl Shard {
     /// `ids` as they are held here, those whose versions differ from what
@@ -31,7 +31,10 @@ impl Shard {
                     .then(|| Duration::from_millis(u64::from(now_ms.wrapping_sub(user.since_ms))));
                 Some(HandedUser {
                     user_id,
-                    states: UserReadStates::from_parts(view.header(), view.entries().to_vec()),
+                    states: UserReadStates::from_parts(
+                        view.header(),
+                        Owned::new(view.entries().to_vec(), view.parents().to_vec()),
+                    ),
                     unwritten_for,
                 })
             })
