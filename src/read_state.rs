@@ -167,7 +167,8 @@ pub struct Answer {
     pub counts: Counts,
 }
 
-/// The badge numbers of one user.
+/// The badge numbers of one user: mentions in threads too, unread
+/// channels without threads (see [`threads::ThreadCounts`] for those).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub total_mention_count: u64,
@@ -180,7 +181,8 @@ impl Counts {
     pub fn of(states: impl IntoIterator<Item = ReadState>) -> Counts {
         states.into_iter().fold(Counts::default(), |mut counts, e| {
             counts.total_mention_count += u64::from(e.mention_count);
-            counts.unread_channel_count += u32::from(e.is_unread());
+            // An unread thread makes no channel unread (see `threads`).
+            counts.unread_channel_count += u32::from(e.is_unread() && e.kind != Kind::Thread);
             counts
         })
     }
@@ -460,7 +462,7 @@ impl<E: Entries> UserReadStates<E> {
     pub fn ack(&mut self, key: Key, message_id: u64, now_us: u64) -> Option<ReadState> {
         // One search serves both the check and the change.
         let position = self.position(key);
-        if message_id <= self.last_acked_at(position) {
+        if message_id <= self.last_acked_at(position) || !self.may_make(key, position) {
             return None;
         }
         let version = self.next_version(now_us);
@@ -478,21 +480,26 @@ impl<E: Entries> UserReadStates<E> {
         mention_count: u16,
         unread_count: u16,
         now_us: u64,
-    ) -> ReadState {
+    ) -> Option<ReadState> {
+        let position = self.position(key);
+        if !self.may_make(key, position) {
+            return None;
+        }
         let version = self.next_version(now_us);
-        *self.change(key, version, |e| {
+        Some(*self.change_at(position, key, version, |e| {
             e.last_acked_id = message_id;
             e.last_message_id = e.last_message_id.max(message_id);
             e.mention_count = mention_count;
             e.unread_count = unread_count;
-        })
+        }))
     }
 
     /// Several normal acks as one change (one version). Returns whether any
     /// applied.
     pub fn bulk_ack(&mut self, acks: &[(Key, u64)], now_us: u64) -> bool {
         let forward = |user: &Self, &(key, id): &(Key, u64)| {
-            id > user.get(key).map_or(0, |e| e.last_acked_id)
+            let position = user.position(key);
+            id > user.last_acked_at(position) && user.may_make(key, position)
         };
         if !acks.iter().any(|ack| forward(self, ack)) {
             return false;
@@ -549,7 +556,7 @@ impl<E: Entries> UserReadStates<E> {
     ) -> bool {
         let position = self.position(key);
         let existing = self.live_at(position);
-        if existing.is_none() && channels.counts_key(key) {
+        if existing.is_none() && (channels.counts_key(key) || key.kind == Kind::Thread) {
             return false;
         }
         if message_id <= existing.map_or(0, ReadState::counted_up_to) {
@@ -607,10 +614,10 @@ impl<E: Entries> UserReadStates<E> {
     /// from their first mention and not from the channel's start. Returns
     /// whether it changed.
     pub fn mentioned(&mut self, key: Key, message_id: u64, now_us: u64, holds: bool) -> bool {
-        if !holds {
+        let position = self.position(key);
+        if !holds || !self.may_make(key, position) {
             return false;
         }
-        let position = self.position(key);
         let existing = self.live_at(position).copied();
         if message_id <= existing.map_or(0, |e| e.counted_up_to()) {
             return false;
@@ -659,7 +666,7 @@ impl<E: Entries> UserReadStates<E> {
     ) -> bool {
         let position = self.position(key);
         let existing = self.live_at(position);
-        if existing.is_some_and(|e| e.muted) == muted {
+        if existing.is_some_and(|e| e.muted) == muted || !self.may_make(key, position) {
             return false;
         }
         let joins_at = match existing {
@@ -676,15 +683,21 @@ impl<E: Entries> UserReadStates<E> {
         true
     }
 
-    /// Deletes the live read states among `keys`, leaving tombstones. Returns
-    /// how many existed.
+    /// Deletes the live read states among `keys`, and the threads of each
+    /// channel among them, leaving tombstones. Returns how many existed.
     pub fn delete(&mut self, keys: &[Key], now_us: u64) -> u32 {
+        // A channel's threads go with it.
+        let threads: Vec<Key> = (keys.iter())
+            .filter(|k| k.kind == Kind::Channel)
+            .flat_map(|k| self.threads_of(k.channel_id))
+            .collect();
+        let keys: Vec<Key> = keys.iter().copied().chain(threads).collect();
         if !keys.iter().any(|&k| self.get(k).is_some()) {
             return 0;
         }
         let version = self.next_version(now_us);
         let mut deleted = 0;
-        for &key in keys {
+        for key in keys {
             if self.get(key).is_some() {
                 self.change(key, version, |e| {
                     *e = ReadState {
@@ -765,6 +778,13 @@ impl<E: Entries> UserReadStates<E> {
         self.retain_entries(|e| !(e.deleted && e.version <= cutoff));
         self.delta_floor = self.delta_floor.max(cutoff);
         before - self.entries.len()
+    }
+
+    /// Whether a change may apply to `key` at `position`: a thread read
+    /// state is made only by following the thread (see [`threads`]), so
+    /// every other change applies to it only while it is followed.
+    fn may_make(&self, key: Key, position: Result<usize, usize>) -> bool {
+        key.kind != Kind::Thread || self.live_at(position).is_some()
     }
 
     /// Inserts `entry` at `index`; a thread entry with parent 0 until its
@@ -1053,6 +1073,8 @@ fn search(entries: &[ReadState], key: Key) -> Result<usize, usize> {
 
 /// See [`search`]: 64 read states of 40 bytes are 40 cache lines.
 const LINEAR_SEARCH: usize = 64;
+
+pub mod threads;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -30,8 +30,7 @@ pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckRespons
                         channel.per_member_part(request.message_id, unread)
                     });
                     let mentions = saturated_count(request.mention_count);
-                    user.manual_ack(key, request.message_id, mentions, unread, now_us);
-                    true
+                    (user.manual_ack(key, request.message_id, mentions, unread, now_us)).is_some()
                 } else {
                     user.ack(key, request.message_id, now_us).is_some()
                 };

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::channel_state::NoChannels;
+use threads::{Replied, ThreadCounts};
 
 const C1: Key = Key {
     kind: Kind::Channel,
@@ -53,7 +54,7 @@ fn messages_at_or_before_the_last_ack_do_not_count() {
 fn manual_ack_rewinds_and_sets_counts() {
     let mut user = UserReadStates::default();
     user.ack(C1, 100, 0);
-    let state = user.manual_ack(C1, 40, 3, 7, 0);
+    let state = user.manual_ack(C1, 40, 3, 7, 0).unwrap();
     assert_eq!(
         (state.last_acked_id, state.mention_count, state.unread_count),
         (40, 3, 7)
@@ -130,7 +131,7 @@ fn acks_raise_the_watermark_and_a_manual_ack_keeps_it() {
     user.ack(C1, 20, 0);
     assert_eq!(user.get(C1).unwrap().last_message_id, 20);
     user.message_created(C1, 30, false, 0, &NoChannels);
-    let state = user.manual_ack(C1, 15, 0, 2, 0);
+    let state = user.manual_ack(C1, 15, 0, 2, 0).unwrap();
     assert_eq!((state.last_acked_id, state.last_message_id), (15, 30));
     assert!(
         !user.message_created(C1, 30, false, 0, &NoChannels),
@@ -428,10 +429,36 @@ impl ModelState {
     }
 }
 
-type Model = BTreeMap<Key, ModelState>;
+/// The model: each live read state, and the parent of each thread the
+/// user ever followed since their last "delete all".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Model {
+    states: BTreeMap<Key, ModelState>,
+    parents: BTreeMap<u64, u64>,
+}
+
+/// Where a thread belongs in the generated operations (a reply or follow
+/// naming another parent is refused).
+fn parent_of(thread_id: u64) -> u64 {
+    1 + thread_id % 2
+}
+
+fn thread_key(thread_id: u64) -> Key {
+    Key {
+        kind: Kind::Thread,
+        channel_id: thread_id,
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Op {
+    /// Follow `thread`, naming its parent or (false) another one, read up
+    /// to the id.
+    Follow(u64, bool, u64),
+    Unfollow(u64),
+    /// A reply in `thread`, naming its parent or not.
+    Reply(u64, bool, u64, Replied),
+    AckThreadsOf(u64),
     Ack(Key, u64),
     Manual(Key, u64, u16, u16),
     Message(Key, u64, bool),
@@ -445,15 +472,30 @@ enum Op {
 }
 
 fn key() -> impl Strategy<Value = Key> {
-    (1u64..5, 0u8..2).prop_map(|(channel_id, kind)| Key {
+    (1u64..5, prop_oneof![Just(0u8), Just(1u8), Just(6u8)]).prop_map(|(channel_id, kind)| Key {
         channel_id,
         kind: Kind::from_u8(kind).unwrap(),
     })
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let kinds = prop::collection::vec((0u8..2).prop_map(|k| Kind::from_u8(k).unwrap()), 0..2);
+fn replied() -> impl Strategy<Value = Replied> {
     prop_oneof![
+        Just(Replied::Author),
+        Just(Replied::Mentioned),
+        Just(Replied::Follower),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let kind = prop_oneof![Just(0u8), Just(1u8), Just(6u8)].prop_map(|k| Kind::from_u8(k).unwrap());
+    let kinds = prop::collection::vec(kind, 0..2);
+    let parent_named = prop::bool::weighted(0.9);
+    prop_oneof![
+        2 => (1u64..5, parent_named.clone(), 0u64..30).prop_map(|(t, p, id)| Op::Follow(t, p, id)),
+        1 => (1u64..5).prop_map(Op::Unfollow),
+        4 => (1u64..5, parent_named, 1u64..30, replied())
+            .prop_map(|(t, p, id, r)| Op::Reply(t, p, id, r)),
+        1 => (1u64..3).prop_map(Op::AckThreadsOf),
         4 => (key(), 1u64..30).prop_map(|(k, id)| Op::Ack(k, id)),
         1 => (key(), 0u64..30, 0u16..4, 0u16..4).prop_map(|(k, id, m, u)| Op::Manual(k, id, m, u)),
         6 => (key(), 1u64..30, any::<bool>()).prop_map(|(k, id, m)| Op::Message(k, id, m)),
@@ -467,8 +509,123 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// Applies `op` to the model; returns whether anything changed.
-fn apply_model(model: &mut Model, op: &Op) -> bool {
-    let existing = model.clone();
+fn apply_model(whole: &mut Model, op: &Op) -> bool {
+    let existing_whole = whole.clone();
+    let named = |thread: u64, parent_named: bool| match parent_named {
+        true => parent_of(thread),
+        false => parent_of(thread) + 10,
+    };
+    // A thread read state is made only by following (or a reply that
+    // follows); other changes apply to it only while it is followed.
+    let followed = |whole: &Model, k: &Key| k.kind != Kind::Thread || whole.states.contains_key(k);
+    match *op {
+        Op::Follow(thread, parent_named, id) => {
+            let parent = named(thread, parent_named);
+            let key = thread_key(thread);
+            let moved = whole.parents.get(&thread).is_some_and(|&p| p != parent);
+            let full = whole
+                .states
+                .keys()
+                .filter(|k| k.kind == Kind::Thread)
+                .count()
+                >= threads::MAX_THREADS;
+            if !moved && !full && !whole.states.contains_key(&key) {
+                whole.parents.insert(thread, parent);
+                let mut state = ModelState::default();
+                state.read_up_to(id);
+                whole.states.insert(key, state);
+                return true;
+            }
+            return false;
+        }
+        Op::Unfollow(thread) => return whole.states.remove(&thread_key(thread)).is_some(),
+        Op::Reply(thread, parent_named, id, replied) => {
+            let parent = named(thread, parent_named);
+            let key = thread_key(thread);
+            if whole.parents.get(&thread).is_some_and(|&p| p != parent) {
+                return false;
+            }
+            let before = whole.states.get(&key).copied();
+            match (replied, whole.states.get_mut(&key)) {
+                (Replied::Follower, None) => {}
+                (Replied::Author, None) => {
+                    whole.parents.insert(thread, parent);
+                    let mut state = ModelState::default();
+                    state.read_up_to(id);
+                    whole.states.insert(key, state);
+                    return true;
+                }
+                (Replied::Mentioned, None) => {
+                    whole.parents.insert(thread, parent);
+                    let state = ModelState {
+                        last_acked_id: id - 1,
+                        last_message_id: id,
+                        mention_count: 1,
+                        unread_count: 1,
+                        muted: false,
+                    };
+                    whole.states.insert(key, state);
+                    return true;
+                }
+                (Replied::Author, Some(state)) => {
+                    if id > state.last_acked_id {
+                        state.read_up_to(id);
+                    }
+                }
+                (mentioned, Some(state)) => {
+                    if id > state.counted_up_to() {
+                        state.last_message_id = id;
+                        state.unread_count = state.unread_count.saturating_add(1);
+                        let mention = u16::from(mentioned == Replied::Mentioned);
+                        state.mention_count = state.mention_count.saturating_add(mention);
+                    }
+                }
+            }
+            return whole.states.get(&key).copied() != before;
+        }
+        Op::AckThreadsOf(parent) => {
+            let mut changed = false;
+            for (key, state) in whole.states.iter_mut() {
+                let of_parent =
+                    key.kind == Kind::Thread && whole.parents.get(&key.channel_id) == Some(&parent);
+                if of_parent && (state.mention_count > 0 || state.unread_count > 0) {
+                    state.read_up_to(state.counted_up_to());
+                    changed = true;
+                }
+            }
+            return changed;
+        }
+        Op::Delete(ref keys) => {
+            let mut changed = false;
+            for key in keys {
+                changed |= whole.states.remove(key).is_some();
+                if key.kind == Kind::Channel {
+                    let parents = whole.parents.clone();
+                    whole.states.retain(|k, _| {
+                        let gone = k.kind == Kind::Thread
+                            && parents.get(&k.channel_id) == Some(&key.channel_id);
+                        changed |= gone;
+                        !gone
+                    });
+                }
+            }
+            return changed;
+        }
+        Op::DeleteAll => {
+            whole.parents.clear();
+            let changed = !whole.states.is_empty();
+            whole.states.clear();
+            return changed;
+        }
+        Op::Ack(k, _) | Op::Manual(k, ..) | Op::Message(k, ..) | Op::Mute(k, _)
+            if !followed(whole, &k) =>
+        {
+            return false;
+        }
+        _ => {}
+    }
+    let model = &mut whole.states;
+    let existing = existing_whole.states;
     match *op {
         Op::Ack(k, id) => {
             let state = model.entry(k).or_default();
@@ -511,13 +668,8 @@ fn apply_model(model: &mut Model, op: &Op) -> bool {
             }
         }
         Op::Mute(k, muted) => model.entry(k).or_default().muted = muted,
-        Op::Delete(ref keys) => {
-            for key in keys {
-                model.remove(key);
-            }
-        }
-        Op::DeleteAll => model.clear(),
         Op::Write => {}
+        _ => unreachable!("applied above"),
     }
     // An untouched fresh read state is not created.
     model.retain(|k, s| existing.contains_key(k) || *s != ModelState::default());
@@ -525,7 +677,23 @@ fn apply_model(model: &mut Model, op: &Op) -> bool {
 }
 
 fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
+    let named = |thread: u64, parent_named: bool| match parent_named {
+        true => parent_of(thread),
+        false => parent_of(thread) + 10,
+    };
     match *op {
+        Op::Follow(thread, parent_named, id) => {
+            let _ = user.follow(thread, named(thread, parent_named), id, now_us);
+        }
+        Op::Unfollow(thread) => {
+            user.unfollow(thread, now_us);
+        }
+        Op::Reply(thread, parent_named, id, replied) => {
+            let _ = user.reply(thread, named(thread, parent_named), id, replied, now_us);
+        }
+        Op::AckThreadsOf(parent) => {
+            user.ack_threads_of(parent, now_us);
+        }
         Op::Ack(k, id) => {
             user.ack(k, id, now_us);
         }
@@ -554,31 +722,61 @@ fn apply_real(user: &mut UserReadStates, op: &Op, now_us: u64) {
     }
 }
 
-fn as_model(user: &UserReadStates) -> Model {
+fn as_model(user: &UserReadStates) -> BTreeMap<Key, ModelState> {
     user.live().map(|e| (e.key(), ModelState::of(e))).collect()
 }
 
 fn model_counts(model: &Model) -> Counts {
-    model.values().fold(Counts::default(), |mut counts, s| {
-        counts.total_mention_count += u64::from(s.mention_count);
-        counts.unread_channel_count +=
-            u32::from(s.mention_count > 0 || (s.unread_count > 0 && !s.muted));
-        counts
-    })
+    model
+        .states
+        .iter()
+        .fold(Counts::default(), |mut counts, (k, s)| {
+            counts.total_mention_count += u64::from(s.mention_count);
+            counts.unread_channel_count += u32::from(
+                k.kind != Kind::Thread && (s.mention_count > 0 || (s.unread_count > 0 && !s.muted)),
+            );
+            counts
+        })
+}
+
+/// The thread totals, counted from the model, overall and by parent.
+fn model_thread_counts(model: &Model) -> (ThreadCounts, BTreeMap<u64, ThreadCounts>) {
+    let mut total = ThreadCounts::default();
+    let mut by_parent: BTreeMap<u64, ThreadCounts> = BTreeMap::new();
+    for (key, s) in model.states.iter().filter(|(k, _)| k.kind == Kind::Thread) {
+        let unread = s.mention_count > 0 || (s.unread_count > 0 && !s.muted);
+        let mentioned = s.mention_count > 0;
+        if !(unread || mentioned) {
+            continue;
+        }
+        for counts in [
+            &mut total,
+            by_parent.entry(model.parents[&key.channel_id]).or_default(),
+        ] {
+            counts.unread_threads += u32::from(unread);
+            counts.mentioned_threads += u32::from(mentioned);
+        }
+    }
+    (total, by_parent)
 }
 
 proptest! {
     #[test]
     fn matches_the_model(ops in prop::collection::vec((op(), 0u64..50), 1..60), checkpoint in 0usize..60) {
         let mut user = UserReadStates::default();
-        let mut model = Model::new();
-        let mut saved: Option<(u64, Model)> = None;
+        let mut model = Model::default();
+        let mut saved: Option<(u64, BTreeMap<Key, ModelState>)> = None;
         for (i, (op, now_us)) in ops.iter().enumerate() {
             let version = user.version();
             let changed = apply_model(&mut model, op);
             apply_real(&mut user, op, *now_us);
-            prop_assert_eq!(as_model(&user), model.clone(), "after {:?}", op);
+            prop_assert_eq!(as_model(&user), model.states.clone(), "after {:?}", op);
             prop_assert_eq!(user.counts(&NoChannels), model_counts(&model));
+            prop_assert_eq!(user.view().thread_counts(), model_thread_counts(&model));
+            for key in model.states.keys().filter(|k| k.kind == Kind::Thread) {
+                let parent = model.parents[&key.channel_id];
+                prop_assert_eq!(user.view().parent_of(key.channel_id), Some(parent));
+            }
             if changed {
                 prop_assert!(user.version() > version, "a change raises the version");
             } else if !matches!(op, Op::Manual(..) | Op::DeleteAll) {
@@ -588,7 +786,7 @@ proptest! {
             prop_assert_eq!(user.unwritten_count(), user.unwritten_entries().count() + pending_wipe);
             prop_assert!(user.live().all(|e| e.version <= user.version()));
             if i == checkpoint {
-                saved = Some((user.version(), model.clone()));
+                saved = Some((user.version(), model.states.clone()));
             }
         }
         // A delta from the checkpoint, applied to what the client held then,
@@ -604,7 +802,7 @@ proptest! {
             for state in &delta.read_states {
                 held.insert(state.key(), ModelState::of(state));
             }
-            prop_assert_eq!(held, model);
+            prop_assert_eq!(held, model.states);
         }
     }
 }

@@ -1,0 +1,203 @@
+//! Thread read states, rule by rule.
+
+use super::*;
+
+const PARENT: u64 = 10;
+const OTHER_PARENT: u64 = 11;
+const T1: u64 = 100;
+const T2: u64 = 200;
+
+fn key(thread_id: u64) -> Key {
+    thread(thread_id)
+}
+
+fn counts(user: &UserReadStates) -> ThreadCounts {
+    user.view().thread_counts().0
+}
+
+#[test]
+fn a_thread_read_state_keeps_its_parent_and_only_followers_have_one() {
+    let mut user = UserReadStates::default();
+    // A reply to a thread the user does not follow counts nothing.
+    assert_eq!(user.reply(T1, PARENT, 5, Replied::Follower, 1), Ok(false));
+    assert!(user.get(key(T1)).is_none());
+    assert_eq!(user.follow(T1, PARENT, 4, 2), Ok(true));
+    assert_eq!(user.follow(T1, PARENT, 4, 3), Ok(false), "followed already");
+    assert_eq!(user.view().parent_of(T1), Some(PARENT));
+    assert_eq!(user.reply(T1, PARENT, 5, Replied::Follower, 4), Ok(true));
+    assert_eq!(
+        user.reply(T1, PARENT, 5, Replied::Follower, 5),
+        Ok(false),
+        "a retry"
+    );
+    assert_eq!(user.get(key(T1)).unwrap().unread_count, 1);
+    // Never in the parent channel, nor made by another change.
+    assert!(user.get(Key::channel(PARENT)).is_none());
+    assert_eq!(user.ack(key(T2), 9, 6), None);
+    let created = user.message_created(key(T2), 9, true, 7, &crate::channel_state::NoChannels);
+    assert!(!created);
+    assert!(user.get(key(T2)).is_none());
+}
+
+#[test]
+fn a_thread_never_moves_to_another_parent() {
+    let mut user = UserReadStates::default();
+    user.follow(T1, PARENT, 4, 1).unwrap();
+    let moved = ThreadRefusal::ParentChanged {
+        thread_id: T1,
+        parent_id: PARENT,
+    };
+    assert_eq!(user.follow(T1, OTHER_PARENT, 4, 2), Err(moved));
+    assert_eq!(
+        user.reply(T1, OTHER_PARENT, 5, Replied::Mentioned, 3),
+        Err(moved)
+    );
+    // Unfollowed, it is still known by its parent.
+    assert!(user.unfollow(T1, 4));
+    assert_eq!(user.follow(T1, OTHER_PARENT, 4, 5), Err(moved));
+    assert_eq!(user.version(), 4, "nothing refused changed anything");
+}
+
+#[test]
+fn authors_and_mentioned_users_follow_by_replying() {
+    let mut user = UserReadStates::default();
+    assert_eq!(user.reply(T1, PARENT, 7, Replied::Mentioned, 1), Ok(true));
+    let state = *user.get(key(T1)).unwrap();
+    assert_eq!((state.mention_count, state.unread_count), (1, 1));
+    assert_eq!(
+        state.last_acked_id, 6,
+        "counts from the reply that made it follow"
+    );
+    assert_eq!(
+        user.reply(T1, PARENT, 7, Replied::Mentioned, 2),
+        Ok(false),
+        "a retry"
+    );
+    assert_eq!(user.reply(T2, PARENT, 8, Replied::Author, 3), Ok(true));
+    let state = *user.get(key(T2)).unwrap();
+    assert_eq!((state.last_acked_id, state.unread_count), (8, 0));
+    assert_eq!(user.view().parent_of(T2), Some(PARENT));
+}
+
+#[test]
+fn totals_count_threads_overall_and_by_parent_and_clear_when_read() {
+    let mut user = UserReadStates::default();
+    user.follow(T1, PARENT, 1, 1).unwrap();
+    user.follow(T2, OTHER_PARENT, 1, 2).unwrap();
+    user.reply(T1, PARENT, 5, Replied::Mentioned, 3).unwrap();
+    user.reply(T1, PARENT, 6, Replied::Follower, 4).unwrap();
+    user.reply(T2, OTHER_PARENT, 7, Replied::Follower, 5)
+        .unwrap();
+    let (total, by_parent) = user.view().thread_counts();
+    assert_eq!(
+        total,
+        ThreadCounts {
+            unread_threads: 2,
+            mentioned_threads: 1
+        }
+    );
+    assert_eq!(by_parent[&PARENT].mentioned_threads, 1);
+    assert_eq!(by_parent[&OTHER_PARENT].unread_threads, 1);
+    // Thread mentions count toward the user's mentions; unread threads make
+    // no channel unread.
+    let badges = user.counts(&crate::channel_state::NoChannels);
+    assert_eq!(badges.total_mention_count, 1);
+    assert_eq!(badges.unread_channel_count, 0);
+
+    // Mattermost #22060 (a phantom unread thread that never clears): every
+    // thread read, nothing is left.
+    user.ack(key(T1), 6, 6).unwrap();
+    user.ack_threads_of(OTHER_PARENT, 7);
+    assert_eq!(
+        user.view().thread_counts(),
+        (ThreadCounts::default(), BTreeMap::new())
+    );
+}
+
+#[test]
+fn thread_totals_never_go_negative_however_replies_are_deleted_and_threads_left() {
+    // Mattermost #25724 (a negative unread thread count): deleting replies
+    // twice, and leaving a thread with unread replies, lowers nothing below
+    // zero, since totals are counted, never kept.
+    let mut user = UserReadStates::default();
+    user.follow(T1, PARENT, 1, 1).unwrap();
+    user.reply(T1, PARENT, 5, Replied::Mentioned, 2).unwrap();
+    for now in 3..6 {
+        user.message_deleted(key(T1), 5, true, now);
+    }
+    assert_eq!(counts(&user), ThreadCounts::default());
+    user.reply(T1, PARENT, 6, Replied::Follower, 7).unwrap();
+    assert_eq!(counts(&user).unread_threads, 1);
+    assert!(user.unfollow(T1, 8));
+    assert_eq!(counts(&user), ThreadCounts::default());
+    assert!(!user.unfollow(T1, 9), "left already");
+}
+
+#[test]
+fn a_muted_thread_counts_only_with_a_mention() {
+    let mut user = UserReadStates::default();
+    user.follow(T1, PARENT, 1, 1).unwrap();
+    let channels = crate::channel_state::NoChannels;
+    assert!(user.set_muted(key(T1), true, 2, &channels));
+    user.reply(T1, PARENT, 5, Replied::Follower, 3).unwrap();
+    assert_eq!(counts(&user), ThreadCounts::default());
+    user.reply(T1, PARENT, 6, Replied::Mentioned, 4).unwrap();
+    assert_eq!(
+        counts(&user),
+        ThreadCounts {
+            unread_threads: 1,
+            mentioned_threads: 1
+        }
+    );
+}
+
+#[test]
+fn ack_all_covers_threads_or_one_parents_only() {
+    let mut user = UserReadStates::default();
+    let channels = crate::channel_state::NoChannels;
+    user.follow(T1, PARENT, 1, 1).unwrap();
+    user.follow(T2, OTHER_PARENT, 1, 2).unwrap();
+    user.reply(T1, PARENT, 5, Replied::Follower, 3).unwrap();
+    user.reply(T2, OTHER_PARENT, 6, Replied::Follower, 4)
+        .unwrap();
+    assert_eq!(user.ack_threads_of(PARENT, 5), 1);
+    assert_eq!(
+        user.get(key(T2)).unwrap().unread_count,
+        1,
+        "another parent's"
+    );
+    assert_eq!(user.ack_all(&[], 6, &channels), 1);
+    assert_eq!(counts(&user), ThreadCounts::default());
+}
+
+#[test]
+fn deleting_a_parent_deletes_its_threads() {
+    let mut user = UserReadStates::default();
+    user.ack(Key::channel(PARENT), 1, 1).unwrap();
+    user.follow(T1, PARENT, 1, 2).unwrap();
+    user.follow(T2, OTHER_PARENT, 1, 3).unwrap();
+    assert_eq!(user.delete(&[Key::channel(PARENT)], 4), 2);
+    assert!(user.get(key(T1)).is_none());
+    assert!(user.get(key(T2)).is_some(), "another parent's");
+    let delta = user.view().delta(3, &crate::channel_state::NoChannels);
+    assert!(delta.deleted.contains(&key(T1)), "reported in deltas");
+}
+
+#[test]
+fn a_user_follows_a_bounded_number_of_threads() {
+    let mut user = UserReadStates::default();
+    for thread_id in 1..=MAX_THREADS as u64 {
+        user.follow(thread_id, PARENT, 1, thread_id).unwrap();
+    }
+    let full = ThreadRefusal::TooManyThreads { limit: MAX_THREADS };
+    let next = MAX_THREADS as u64 + 1;
+    assert_eq!(user.follow(next, PARENT, 1, next), Err(full));
+    assert_eq!(
+        user.reply(next, PARENT, 5, Replied::Mentioned, next),
+        Err(full)
+    );
+    // Following one already followed, or a reply in it, still works.
+    assert_eq!(user.reply(1, PARENT, 5, Replied::Follower, next), Ok(true));
+    assert!(user.unfollow(2, next + 1));
+    assert_eq!(user.follow(next, PARENT, 1, next + 2), Ok(true));
+}
