@@ -491,7 +491,7 @@ fn op() -> impl Strategy<Value = Op> {
     let kinds = prop::collection::vec(kind, 0..2);
     let parent_named = prop::bool::weighted(0.9);
     prop_oneof![
-        2 => (1u64..5, parent_named.clone(), 0u64..30).prop_map(|(t, p, id)| Op::Follow(t, p, id)),
+        2 => (1u64..5, parent_named, 0u64..30).prop_map(|(t, p, id)| Op::Follow(t, p, id)),
         1 => (1u64..5).prop_map(Op::Unfollow),
         4 => (1u64..5, parent_named, 1u64..30, replied())
             .prop_map(|(t, p, id, r)| Op::Reply(t, p, id, r)),
