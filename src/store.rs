@@ -23,7 +23,9 @@ pub mod memory;
 use async_trait::async_trait;
 
 use crate::channel_state::ChannelState;
-use crate::read_state::{ReadState, TOMBSTONE_RETENTION, UserReadStates, UserView};
+use std::collections::BTreeMap;
+
+use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION, UserReadStates, UserView};
 
 /// A user as the store holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub struct StoredUser {
     pub delta_floor: u64,
     /// Live read states and tombstones, in any order.
     pub read_states: Vec<ReadState>,
+    /// The parent of each thread among them, by thread id.
+    pub parents: BTreeMap<u64, u64>,
 }
 
 impl StoredUser {
@@ -43,8 +47,16 @@ impl StoredUser {
     pub fn into_user(self, now_us: u64) -> UserReadStates {
         let retention_start = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
         let delta_floor = self.delta_floor.max(retention_start);
-        // No store keeps a thread's parent yet: there are no thread rows.
-        let rows = self.read_states.into_iter().map(|e| (e, 0)).collect();
+        let parents = self.parents;
+        let rows = (self.read_states.into_iter())
+            .map(|e| {
+                let parent = match e.kind {
+                    Kind::Thread => parents.get(&e.channel_id).copied().unwrap_or(0),
+                    _ => 0,
+                };
+                (e, parent)
+            })
+            .collect();
         let mut user = UserReadStates::from_stored(self.version, delta_floor, rows);
         user.prune_tombstones(now_us);
         user
@@ -64,6 +76,8 @@ pub struct UserWrite {
     pub clear_below: Option<u64>,
     /// Changed read states and tombstones (`deleted`).
     pub read_states: Vec<ReadState>,
+    /// The parent of each thread among them, by thread id.
+    pub parents: BTreeMap<u64, u64>,
 }
 
 impl UserWrite {
@@ -76,6 +90,10 @@ impl UserWrite {
             delta_floor: user.delta_floor(),
             clear_below: user.pending_clear(),
             read_states: user.unwritten_entries().copied().collect(),
+            parents: (user.threads())
+                .filter(|(e, _)| e.version > user.written_version())
+                .map(|(e, parent)| (e.channel_id, parent))
+                .collect(),
         }
     }
 }

@@ -26,6 +26,7 @@ use scylla::serialize::row::SerializeRow;
 use scylla::statement::Consistency;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
+use scylla::value::MaybeUnset;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
 use crate::channel_state::ChannelState;
@@ -92,13 +93,14 @@ impl CassandraStore {
         };
         let load = prepare(format!(
             "SELECT kind, channel_id, last_acked_id, mention_count, unread_count, version, deleted, \
-             user_version, delta_floor, last_message_id, muted FROM {table} WHERE user_id = ?"
+             user_version, delta_floor, last_message_id, muted, parent_id FROM {table} \
+             WHERE user_id = ?"
         ))
         .await?;
         let upsert = prepare(format!(
             "INSERT INTO {table} (user_id, kind, channel_id, last_acked_id, mention_count, unread_count, \
-             version, deleted, last_message_id, muted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             USING TIMESTAMP ? AND TTL ?"
+             version, deleted, last_message_id, muted, parent_id) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?"
         ))
         .await?;
         let statics = prepare(format!(
@@ -171,6 +173,7 @@ type Row = (
     Option<i64>,
     Option<i64>,
     Option<bool>,
+    Option<i64>,
 );
 
 #[async_trait]
@@ -200,6 +203,7 @@ impl Store for CassandraStore {
                 floor,
                 last_message_id,
                 muted,
+                parent_id,
             ) = row.map_err(error)?;
             // Static columns come with every row, and alone when the user
             // has no rows (after a wipe).
@@ -219,6 +223,9 @@ impl Store for CassandraStore {
                 })?;
             // Columns added later (004) are null in older rows.
             let count = |c: Option<i32>| saturated_count(c.unwrap_or(0).max(0) as u32);
+            if let Some(parent) = parent_id.filter(|_| kind == Kind::Thread) {
+                user.parents.insert(channel_id as u64, parent as u64);
+            }
             user.read_states.push(ReadState {
                 channel_id: channel_id as u64,
                 last_acked_id: last_acked_id.unwrap_or(0) as u64,
@@ -334,6 +341,12 @@ impl CassandraStore {
                 state.deleted,
                 state.last_message_id as i64,
                 state.muted,
+                // Unset but on a thread row (a null would write a
+                // tombstone into every row).
+                match write.parents.get(&state.channel_id) {
+                    Some(&parent) if state.kind == Kind::Thread => MaybeUnset::Set(parent as i64),
+                    _ => MaybeUnset::Unset,
+                },
                 version,
                 ttl,
             );

@@ -46,6 +46,7 @@ pub async fn check(store: &dyn Store, first: u64) {
         delta_floor,
         clear_below: clear.then_some(version),
         read_states,
+        parents: Default::default(),
     };
     store
         .write(&write(one, 5, 0, false, vec![a, b]))
@@ -136,6 +137,7 @@ pub async fn check(store: &dyn Store, first: u64) {
     );
 
     check_channels(store, first).await;
+    check_threads(store, first).await;
 }
 
 /// A channel with every field set: recent ids that have dropped one, and its
@@ -185,6 +187,36 @@ async fn check_channels(store: &dyn Store, first: u64) {
     store.write_channel(&channel(one, 7, 5)).await.unwrap();
     let loaded = ours(store.load_channels().await.unwrap());
     assert_eq!(field_by_field(&loaded[0]), field_by_field(&newer));
+}
+
+/// A thread row keeps its parent, written with it; other rows have none.
+async fn check_threads(store: &dyn Store, first: u64) {
+    let (thread, other_thread, parent) = (700, 701, 70);
+    let written = vec![
+        state(thread, Kind::Thread, 100, false),
+        state(other_thread, Kind::Thread, 100, true),
+        state(parent, Kind::Channel, 100, false),
+    ];
+    let write = UserWrite {
+        user_id: first,
+        version: 100,
+        delta_floor: 0,
+        clear_below: None,
+        read_states: written.clone(),
+        parents: [(thread, parent), (other_thread, parent)].into(),
+    };
+    store.write(&write).await.unwrap();
+    let loaded = store.load(first).await.unwrap();
+    assert_eq!(
+        loaded.parents,
+        [(thread, parent), (other_thread, parent)].into(),
+        "a thread's parent, a tombstone's too, and none for a channel"
+    );
+    for state in &written {
+        assert!(loaded.read_states.contains(state), "{state:?}");
+    }
+    let user = loaded.into_user(100);
+    assert_eq!(user.view().parent_of(thread), Some(parent));
 }
 
 #[cfg(test)]

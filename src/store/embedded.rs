@@ -7,6 +7,7 @@
 //! (added later: a file without it gets it on open) holding the channels
 //! counted by channel. redb is synchronous; calls run on the blocking pool.
 
+use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -177,14 +178,20 @@ impl Store for EmbeddedStore {
                 .map_or((0, 0), |v| v.value());
             let rows = txn.open_table(READ_STATES)?;
             let mut read_states = Vec::new();
+            let mut parents = BTreeMap::new();
             for row in rows.range(user_range(user_id))? {
                 let (key, value) = row?;
-                read_states.push(decode(key.value(), value.value())?);
+                let (state, parent) = decode(key.value(), value.value())?;
+                if parent != 0 {
+                    parents.insert(state.channel_id, parent);
+                }
+                read_states.push(state);
             }
             Ok(StoredUser {
                 version,
                 delta_floor,
                 read_states,
+                parents,
             })
         })
         .await
@@ -211,7 +218,7 @@ impl Store for EmbeddedStore {
                         .range(user_range(user_id))?
                         .filter_map(Result::ok)
                         .filter_map(|(k, v)| {
-                            let state = decode(k.value(), v.value()).ok()?;
+                            let (state, _) = decode(k.value(), v.value()).ok()?;
                             stale(&state).then(|| k.value())
                         })
                         .collect();
@@ -223,11 +230,13 @@ impl Store for EmbeddedStore {
                     let key = (user_id, state.kind as u8, state.channel_id);
                     // Writes may land out of order: the newer row wins.
                     let newer = match rows.get(key)? {
-                        Some(old) => decode(key, old.value())?.version < state.version,
+                        Some(old) => decode(key, old.value())?.0.version < state.version,
                         None => true,
                     };
                     if newer {
-                        rows.insert(key, encode(state).as_slice())?;
+                        let parent = write.parents.get(&state.channel_id).copied();
+                        let parent = parent.filter(|_| state.kind == Kind::Thread);
+                        rows.insert(key, encode(state, parent.unwrap_or(0)).as_slice())?;
                     }
                 }
                 users.insert(user_id, (version.max(write.version), new_floor))?;
@@ -286,17 +295,30 @@ fn user_range(user_id: u64) -> std::ops::RangeInclusive<RowKey> {
 }
 
 /// A row's value: last_acked_id, version, mention_count (u32),
-/// unread_count (u32), flags, then last_message_id; little-endian. The first
-/// 25 bytes are the whole row of files written before the watermark (whose
-/// flags byte was 0 or 1 for `deleted`), and such rows still decode, with a
-/// watermark of 0.
+/// unread_count (u32), flags, then last_message_id, and for a thread its
+/// parent id; little-endian. The first 25 bytes are the whole row of files
+/// written before the watermark (whose flags byte was 0 or 1 for
+/// `deleted`), and such rows still decode, with a watermark of 0; the
+/// parent is only on thread rows, which files before threads do not have.
 const VALUE_LEN: usize = 8 + 8 + 4 + 4 + 1 + 8;
 const VALUE_LEN_BEFORE_WATERMARK: usize = 8 + 8 + 4 + 4 + 1;
+const VALUE_LEN_THREAD: usize = VALUE_LEN + 8;
 const DELETED: u8 = 1;
 const MUTED: u8 = 2;
 
-fn encode(state: &ReadState) -> [u8; VALUE_LEN] {
-    let mut out = [0; VALUE_LEN];
+/// `state`'s row, with `parent` (0: not a thread, nothing written).
+fn encode(state: &ReadState, parent: u64) -> Vec<u8> {
+    let mut out = vec![
+        0;
+        if parent == 0 {
+            VALUE_LEN
+        } else {
+            VALUE_LEN_THREAD
+        }
+    ];
+    if parent != 0 {
+        out[VALUE_LEN..].copy_from_slice(&parent.to_le_bytes());
+    }
     out[0..8].copy_from_slice(&state.last_acked_id.to_le_bytes());
     out[8..16].copy_from_slice(&state.version.to_le_bytes());
     out[16..20].copy_from_slice(&u32::from(state.mention_count).to_le_bytes());
@@ -306,9 +328,11 @@ fn encode(state: &ReadState) -> [u8; VALUE_LEN] {
     out
 }
 
-fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Failure> {
+/// A row and its parent id (0 but for a thread's).
+fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<(ReadState, u64), Failure> {
     let corrupt = || Failure::Corrupt(format!("corrupt row for channel {channel_id}"));
-    if value.len() != VALUE_LEN && value.len() != VALUE_LEN_BEFORE_WATERMARK {
+    let lengths = [VALUE_LEN, VALUE_LEN_BEFORE_WATERMARK, VALUE_LEN_THREAD];
+    if !lengths.contains(&value.len()) {
         return Err(corrupt());
     }
     let u64_at = |i: usize| {
@@ -318,7 +342,7 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Fail
     };
     let u32_at = |i: usize| u32::from_le_bytes(value[i..i + 4].try_into().unwrap_or_default());
     let flags = value[24];
-    Ok(ReadState {
+    let state = ReadState {
         channel_id,
         last_acked_id: u64_at(0),
         last_message_id: u64_at(25),
@@ -328,7 +352,8 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<ReadState, Fail
         kind: Kind::from_u8(kind).ok_or_else(corrupt)?,
         deleted: flags & DELETED != 0,
         muted: flags & MUTED != 0,
-    })
+    };
+    Ok((state, u64_at(VALUE_LEN)))
 }
 
 /// A channel's value: version, counted_from, last_message_id,

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
 use crate::channel_state::ChannelState;
-use crate::read_state::{Key, ReadState};
+use crate::read_state::{Key, Kind, ReadState};
 
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -24,6 +24,8 @@ struct MemoryUser {
     /// after the wipe.
     cleared_below: u64,
     rows: BTreeMap<Key, ReadState>,
+    /// Of the thread rows.
+    parents: BTreeMap<u64, u64>,
 }
 
 impl MemoryStore {
@@ -53,6 +55,7 @@ impl Store for MemoryStore {
                 version: user.version,
                 delta_floor: user.delta_floor,
                 read_states: user.rows.values().copied().collect(),
+                parents: user.parents.clone(),
             }))
     }
 
@@ -70,11 +73,23 @@ impl Store for MemoryStore {
                 .is_none_or(|old| old.version < state.version);
             if newer {
                 user.rows.insert(state.key(), *state);
+                if let Some(&parent) = write.parents.get(&state.channel_id)
+                    && state.kind == Kind::Thread
+                {
+                    user.parents.insert(state.channel_id, parent);
+                }
             }
         }
         let (cleared, floor) = (user.cleared_below, user.delta_floor);
         user.rows
             .retain(|_, s| s.version >= cleared && !(s.deleted && s.version < floor));
+        let rows = &user.rows;
+        user.parents.retain(|&thread, _| {
+            rows.contains_key(&Key {
+                kind: Kind::Thread,
+                channel_id: thread,
+            })
+        });
         Ok(())
     }
 

@@ -146,6 +146,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
             delta_floor: 0,
             clear_below: None,
             read_states: vec![state(5, 5)],
+            parents: Default::default(),
         })
         .await
         .unwrap();
@@ -219,6 +220,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
             delta_floor: 0,
             clear_below: None,
             read_states: vec![state(10, 7)],
+            parents: Default::default(),
         })
         .await
         .unwrap();

@@ -105,6 +105,7 @@ async fn the_previous_schema_and_its_rows_upgrade_in_place() {
         delta_floor: 0,
         clear_below: None,
         read_states: vec![newer],
+        parents: Default::default(),
     };
     store.write(&write).await.unwrap();
     let mut loaded = store.load(42).await.unwrap().read_states;

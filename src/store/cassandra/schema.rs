@@ -7,7 +7,7 @@ use scylla::client::session::Session;
 use crate::store::StoreError;
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 7] = [
+const MIGRATIONS: [(&str, &str); 8] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -32,6 +32,10 @@ const MIGRATIONS: [(&str, &str); 7] = [
     (
         "007_channel_states.cql",
         include_str!("../../../schema/007_channel_states.cql"),
+    ),
+    (
+        "008_thread_parents.cql",
+        include_str!("../../../schema/008_thread_parents.cql"),
     ),
 ];
 

@@ -181,6 +181,7 @@ async fn reads_a_file_written_before_the_watermark() {
         delta_floor: user.delta_floor,
         clear_below: None,
         read_states: vec![newer],
+        parents: Default::default(),
     };
     store.write(&write).await.unwrap();
     let mut again = store.load(42).await.unwrap();
