@@ -56,6 +56,7 @@ impl Store for MadeUpStore {
             version: 1,
             delta_floor: 0,
             read_states,
+            parents: Default::default(),
         })
     }
     async fn write(&self, _: &UserWrite) -> Result<(), StoreError> {

@@ -86,11 +86,13 @@ pub trait Channels {
                         ..*state
                     },
                     unread_capped: unread.capped,
+                    parent_id: 0,
                 }
             }
             None => Shown {
                 state: *state,
                 unread_capped: false,
+                parent_id: 0,
             },
         }
     }
@@ -105,6 +107,9 @@ pub struct Shown {
     /// At least `state.unread_count` messages are unread (see
     /// [`Unread::capped`]).
     pub unread_capped: bool,
+    /// A thread's parent channel (0 for every other read state, and until
+    /// [`crate::read_state::UserView::shown`] fills it in).
+    pub parent_id: u64,
 }
 
 /// No channel is counted by channel.

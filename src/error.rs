@@ -97,6 +97,9 @@ pub enum Error {
         "channel {channel_id} is switched, but not every node of the fleet has it yet ({reason}); retry"
     )]
     SwitchNotCopied { channel_id: u64, reason: String },
+    /// A user follows as many threads as one may.
+    #[error("the user follows {limit} threads, the most one may; unfollow some first")]
+    TooManyThreads { limit: usize },
     /// More requests are in progress than the server takes at once.
     #[error("more than {limit} requests in progress; retry later")]
     Overloaded { limit: usize },
@@ -114,7 +117,9 @@ impl Error {
         match self {
             Error::InvalidArgument { .. } | Error::BadStream(_) => Code::InvalidArgument,
             Error::NotSubscribed { .. } => Code::NotFound,
-            Error::TooManySubscriptions { .. } => Code::ResourceExhausted,
+            Error::TooManySubscriptions { .. } | Error::TooManyThreads { .. } => {
+                Code::ResourceExhausted
+            }
             Error::LoadFailed { .. }
             | Error::WriteFailed { .. }
             | Error::ChannelWriteFailed { .. }

@@ -15,6 +15,7 @@ mod convert;
 mod deadline;
 mod delete_read_states;
 pub mod fleet;
+mod follow_thread;
 mod forward;
 mod get_badge_counts;
 mod get_read_states;
@@ -23,6 +24,7 @@ mod hand_over;
 mod message_created;
 mod message_deleted;
 mod recipients;
+mod reply;
 pub mod route;
 mod scatter;
 mod set_channel_counting;
@@ -106,6 +108,7 @@ struct Methods {
     message_deleted: MethodMetrics,
     set_muted: MethodMetrics,
     set_channel_counting: MethodMetrics,
+    follow_thread: MethodMetrics,
     watch: MethodMetrics,
     apply: MethodMetrics,
     get_routing_table: MethodMetrics,
@@ -124,6 +127,7 @@ impl Methods {
             message_deleted: MethodMetrics::new("MessageDeleted", node),
             set_muted: MethodMetrics::new("SetMuted", node),
             set_channel_counting: MethodMetrics::new("SetChannelCounting", node),
+            follow_thread: MethodMetrics::new("FollowThread", node),
             watch: MethodMetrics::new("Watch", node),
             apply: MethodMetrics::new("Apply", node),
             get_routing_table: MethodMetrics::new("GetRoutingTable", node),
@@ -534,6 +538,14 @@ impl ReadStates for ReadStatesService {
         request: Request<SetMutedRequest>,
     ) -> Result<Response<SetMutedResponse>, Status> {
         self.call_routed(&self.metrics.set_muted, request, set_muted::handle)
+            .await
+    }
+
+    async fn follow_thread(
+        &self,
+        request: Request<FollowThreadRequest>,
+    ) -> Result<Response<FollowThreadResponse>, Status> {
+        self.call_routed(&self.metrics.follow_thread, request, follow_thread::handle)
             .await
     }
 

@@ -168,11 +168,14 @@ pub struct Answer {
 }
 
 /// The badge numbers of one user: mentions in threads too, unread
-/// channels without threads (see [`threads::ThreadCounts`] for those).
+/// channels without threads, and unread and mentioned threads (by parent:
+/// [`UserView::thread_counts`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
     pub total_mention_count: u64,
     pub unread_channel_count: u32,
+    pub unread_thread_count: u32,
+    pub mentioned_thread_count: u32,
 }
 
 impl Counts {
@@ -181,8 +184,14 @@ impl Counts {
     pub fn of(states: impl IntoIterator<Item = ReadState>) -> Counts {
         states.into_iter().fold(Counts::default(), |mut counts, e| {
             counts.total_mention_count += u64::from(e.mention_count);
-            // An unread thread makes no channel unread (see `threads`).
-            counts.unread_channel_count += u32::from(e.is_unread() && e.kind != Kind::Thread);
+            match e.kind {
+                // An unread thread makes no channel unread (see `threads`).
+                Kind::Thread => {
+                    counts.unread_thread_count += u32::from(e.is_unread());
+                    counts.mentioned_thread_count += u32::from(e.mention_count > 0);
+                }
+                _ => counts.unread_channel_count += u32::from(e.is_unread()),
+            }
             counts
         })
     }
@@ -993,10 +1002,23 @@ impl<'a> UserView<'a> {
     /// [`Self::delta`] with each read state as shown, and the totals. The
     /// full set is every live read state, so its totals are counted from
     /// what is sent: each read state is counted once.
+    /// `state`, one of this user's, as a client sees it: counted now in a
+    /// channel counted by channel, with its parent if it is a thread's.
+    pub fn shown(self, state: &ReadState, channels: &impl Channels) -> Shown {
+        let parent_id = match state.kind {
+            Kind::Thread => self.parent_of(state.channel_id).unwrap_or(0),
+            _ => 0,
+        };
+        Shown {
+            parent_id,
+            ..channels.shown(state)
+        }
+    }
+
     pub fn answer(self, since: u64, channels: &impl Channels) -> Answer {
         let delta = self.delta(since, channels);
         let read_states: Vec<Shown> = (delta.read_states.into_iter())
-            .map(|state| channels.shown(state))
+            .map(|state| self.shown(state, channels))
             .collect();
         let counts = match delta.partial {
             false => Counts::of(read_states.iter().map(|s| s.state)),

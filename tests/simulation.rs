@@ -533,6 +533,7 @@ fn change(op: &Op) -> Option<Change> {
         Op::AckAll { user, kinds } => Change::AckAll(AckAllRequest {
             user_id: *user,
             kinds: kinds.clone(),
+            parent_id: 0,
         }),
         Op::Badges { users } => Change::GetBadgeCounts(GetBadgeCountsRequest {
             user_ids: users.clone(),

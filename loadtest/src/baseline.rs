@@ -31,6 +31,7 @@ impl BaselineService {
             last_message_id: 1_234_567_890_123,
             muted: false,
             unread_capped: false,
+            parent_id: 0,
         };
         BaselineService {
             read_states: GetReadStatesResponse {
@@ -40,6 +41,7 @@ impl BaselineService {
                 deleted: vec![],
                 total_mention_count: read_states,
                 unread_channel_count: read_states as u32,
+                ..GetReadStatesResponse::default()
             },
             one: state(1),
         }
@@ -68,6 +70,17 @@ impl ReadStates for BaselineService {
         _: Request<SetChannelCountingRequest>,
     ) -> Result<Response<SetChannelCountingResponse>, Status> {
         Ok(Response::new(SetChannelCountingResponse { applied: true }))
+    }
+
+    async fn follow_thread(
+        &self,
+        _: Request<FollowThreadRequest>,
+    ) -> Result<Response<FollowThreadResponse>, Status> {
+        Ok(Response::new(FollowThreadResponse {
+            applied: true,
+            version: 1,
+            read_state: Some(self.one),
+        }))
     }
 
     async fn bulk_ack(
@@ -225,6 +238,7 @@ fn badge_counts(user_ids: &[u64]) -> GetBadgeCountsResponse {
             user_id,
             total_mention_count: 1,
             unread_channel_count: 1,
+            ..BadgeCount::default()
         })
         .collect();
     GetBadgeCountsResponse { counts }

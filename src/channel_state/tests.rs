@@ -159,7 +159,8 @@ fn a_switch_keeps_what_each_member_counted() {
         user.counts(&channels),
         Counts {
             total_mention_count: 1,
-            unread_channel_count: 1
+            unread_channel_count: 1,
+            ..Counts::default()
         }
     );
     user.ack(C, 14, 4);

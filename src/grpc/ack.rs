@@ -37,7 +37,7 @@ pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckRespons
                 AckResponse {
                     applied,
                     version: user.version(),
-                    read_state: user.get(key).map(|s| convert::shown(s, channels)),
+                    read_state: convert::shown(user.view(), key, channels),
                 }
             })
         })

@@ -1,5 +1,5 @@
-//! `AckAll`: "mark all read", every read state of a user (of some kinds)
-//! read up to its watermark, as one change.
+//! `AckAll`: "mark all read", every read state of a user (of some kinds,
+//! or the threads of one channel) read up to its watermark, as one change.
 
 use std::sync::Arc;
 
@@ -18,10 +18,19 @@ pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllR
         .enumerate()
         .map(|(i, &kind)| validate::kind(format_args!("kinds[{i}]"), kind))
         .collect::<Result<Vec<Kind>, Error>>()?;
+    if request.parent_id != 0 && !kinds.is_empty() {
+        return Err(Error::invalid(
+            "kinds",
+            "must be empty with parent_id: a parent's threads are all of kind THREAD",
+        ));
+    }
     let channels = cache.channels().clone();
     cache
         .update(user_id, |user, now_us| {
-            let updated = channels.read(|channels| user.ack_all(&kinds, now_us, channels));
+            let updated = match request.parent_id {
+                0 => channels.read(|channels| user.ack_all(&kinds, now_us, channels)),
+                parent_id => user.ack_threads_of(parent_id, now_us),
+            };
             AckAllResponse {
                 version: user.version(),
                 updated,

@@ -33,8 +33,7 @@ pub async fn handle(cache: Arc<Cache>, request: BulkAckRequest) -> Result<BulkAc
                 version: user.version(),
                 read_states: acks
                     .iter()
-                    .filter_map(|&(key, _)| user.get(key))
-                    .map(|s| convert::shown(s, channels))
+                    .filter_map(|&(key, _)| convert::shown(user.view(), key, channels))
                     .collect(),
             })
         })

@@ -2,18 +2,20 @@
 
 use crate::channel_state::{ChannelState, Channels, Shown};
 use crate::proto;
-use crate::read_state::{Key, ReadState};
+use crate::read_state::{Key, ReadState, UserView};
 
-/// `state` as a client sees it: in a channel counted by channel, its unread
-/// count counted now.
-pub fn shown(state: &ReadState, channels: &impl Channels) -> proto::ReadState {
-    (&channels.shown(state)).into()
+/// `user`'s read state of `key` as a client sees it: in a channel counted
+/// by channel, its unread count counted now; a thread's, with its parent.
+pub fn shown(user: UserView<'_>, key: Key, channels: &impl Channels) -> Option<proto::ReadState> {
+    user.get(key)
+        .map(|state| (&user.shown(state, channels)).into())
 }
 
 impl From<&Shown> for proto::ReadState {
     fn from(shown: &Shown) -> Self {
         proto::ReadState {
             unread_capped: shown.unread_capped,
+            parent_id: shown.parent_id,
             ..proto::ReadState::from(&shown.state)
         }
     }
@@ -31,6 +33,7 @@ impl From<&ReadState> for proto::ReadState {
             last_message_id: state.last_message_id,
             muted: state.muted,
             unread_capped: false,
+            parent_id: 0,
         }
     }
 }

@@ -115,6 +115,7 @@ macro_rules! unary {
 }
 
 unary!(GetReadStatesRequest, GetReadStatesResponse, get_read_states);
+unary!(FollowThreadRequest, FollowThreadResponse, follow_thread);
 // To the channel's owner, which alone switches it.
 unary!(
     SetChannelCountingRequest,

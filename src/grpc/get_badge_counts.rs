@@ -34,6 +34,8 @@ pub async fn handle(
                 user_id,
                 total_mention_count: counts.total_mention_count,
                 unread_channel_count: counts.unread_channel_count,
+                unread_thread_count: counts.unread_thread_count,
+                mentioned_thread_count: counts.mentioned_thread_count,
             })
             .collect(),
     })

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::validate;
 use crate::cache::Cache;
 use crate::error::Error;
-use crate::proto::{GetReadStatesRequest, GetReadStatesResponse};
+use crate::proto::{GetReadStatesRequest, GetReadStatesResponse, ParentThreadCounts};
 
 pub async fn handle(
     cache: Arc<Cache>,
@@ -39,6 +39,15 @@ pub async fn handle(
                     .collect(),
                 total_mention_count: answer.counts.total_mention_count,
                 unread_channel_count: answer.counts.unread_channel_count,
+                unread_thread_count: answer.counts.unread_thread_count,
+                mentioned_thread_count: answer.counts.mentioned_thread_count,
+                thread_counts: (user.thread_counts().1.into_iter())
+                    .map(|(parent_id, counts)| ParentThreadCounts {
+                        parent_id,
+                        unread_thread_count: counts.unread_threads,
+                        mentioned_thread_count: counts.mentioned_threads,
+                    })
+                    .collect(),
             }
         })
         .await

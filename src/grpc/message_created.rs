@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::by_channel::{self, Counted};
 use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
-use super::validate;
+use super::{reply, validate};
 use crate::cache::Cache;
 use crate::channel_state::Channels;
 use crate::error::Error;
@@ -19,7 +19,7 @@ use crate::proto::{
     ChangeChannelRequest, ChannelTaken, MessageCreatedRequest, MessageCreatedResponse,
     ReadStateKind,
 };
-use crate::read_state::Key;
+use crate::read_state::{Key, Kind};
 
 pub async fn handle(
     cache: Arc<Cache>,
@@ -35,6 +35,18 @@ pub async fn handle(
         &request.mentioned_user_ids,
         &request.unread_user_ids,
     )?;
+    match key.kind {
+        Kind::Thread => {
+            return reply::handle(cache, &request, key.channel_id, message_id, &effects).await;
+        }
+        _ if request.parent_id != 0 => {
+            return Err(Error::invalid(
+                "parent_id",
+                "only a reply (kind THREAD) names a parent channel",
+            ));
+        }
+        _ => {}
+    }
     let user_ids: Vec<u64> = effects.iter().map(|&(id, _)| id).collect();
     let channels = cache.channels().clone();
     let counted = Counted::new(

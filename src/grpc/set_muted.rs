@@ -25,7 +25,7 @@ pub async fn handle(
             channels.read(|channels| SetMutedResponse {
                 applied: user.set_muted(key, request.muted, now_us, channels),
                 version: user.version(),
-                read_state: user.get(key).map(|s| convert::shown(s, channels)),
+                read_state: convert::shown(user.view(), key, channels),
             })
         })
         .await

@@ -29,9 +29,6 @@ pub fn kind(field: impl Display, value: i32) -> Result<Kind, Error> {
     u8::try_from(value)
         .ok()
         .and_then(Kind::from_u8)
-        // Not on the wire yet: a thread read state needs its parent, which
-        // no request carries yet.
-        .filter(|&kind| kind != Kind::Thread)
         .ok_or_else(|| {
             Error::invalid(
                 field.to_string(),

@@ -273,6 +273,8 @@ fn to_proto(event: Event) -> WatchEvent {
                 deleted: change.deleted.iter().map(|&k| k.into()).collect(),
                 total_mention_count: change.counts.total_mention_count,
                 unread_channel_count: change.counts.unread_channel_count,
+                unread_thread_count: change.counts.unread_thread_count,
+                mentioned_thread_count: change.counts.mentioned_thread_count,
             };
             WatchEvent {
                 user_id: change.user_id,

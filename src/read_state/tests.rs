@@ -212,7 +212,8 @@ fn a_muted_read_state_counts_mentions_but_is_not_an_unread_channel() {
         user.counts(&NoChannels),
         Counts {
             total_mention_count: 1,
-            unread_channel_count: 1
+            unread_channel_count: 1,
+            ..Counts::default()
         }
     );
     user.ack(C1, 11, 0);
@@ -242,7 +243,8 @@ fn counts_cover_live_read_states() {
         user.counts(&NoChannels),
         Counts {
             total_mention_count: 2,
-            unread_channel_count: 2
+            unread_channel_count: 2,
+            ..Counts::default()
         }
     );
     user.delete(&[C1], 0);
@@ -250,7 +252,8 @@ fn counts_cover_live_read_states() {
         user.counts(&NoChannels),
         Counts {
             total_mention_count: 0,
-            unread_channel_count: 1
+            unread_channel_count: 1,
+            ..Counts::default()
         }
     );
 }
@@ -727,16 +730,19 @@ fn as_model(user: &UserReadStates) -> BTreeMap<Key, ModelState> {
 }
 
 fn model_counts(model: &Model) -> Counts {
-    model
-        .states
-        .iter()
-        .fold(Counts::default(), |mut counts, (k, s)| {
-            counts.total_mention_count += u64::from(s.mention_count);
-            counts.unread_channel_count += u32::from(
-                k.kind != Kind::Thread && (s.mention_count > 0 || (s.unread_count > 0 && !s.muted)),
-            );
-            counts
-        })
+    let (threads, _) = model_thread_counts(model);
+    let counts = (model.states.iter()).fold(Counts::default(), |mut counts, (k, s)| {
+        counts.total_mention_count += u64::from(s.mention_count);
+        counts.unread_channel_count += u32::from(
+            k.kind != Kind::Thread && (s.mention_count > 0 || (s.unread_count > 0 && !s.muted)),
+        );
+        counts
+    });
+    Counts {
+        unread_thread_count: threads.unread_threads,
+        mentioned_thread_count: threads.mentioned_threads,
+        ..counts
+    }
 }
 
 /// The thread totals, counted from the model, overall and by parent.

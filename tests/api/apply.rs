@@ -166,6 +166,7 @@ fn every_kind(base: u64) -> Vec<Change> {
         Change::AckAll(AckAllRequest {
             user_id: c,
             kinds: vec![],
+            parent_id: 0,
         }),
         Change::MessageCreated(message(13, 203, b, &[c], &[a])),
         Change::DeleteReadStates(delete(a, &[13], false)),

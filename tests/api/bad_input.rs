@@ -164,13 +164,17 @@ async fn get_badge_counts_refuses_bad_input() {
 async fn ack_all_refuses_bad_input() {
     let mut app = spawn_app().await;
     let c = &mut app.client;
-    let ack_all = |user_id, kinds: Vec<i32>| AckAllRequest { user_id, kinds };
+    let ack_all = |user_id, kinds: Vec<i32>| AckAllRequest {
+        user_id,
+        kinds,
+        parent_id: 0,
+    };
     assert_invalid(c.ack_all(ack_all(0, vec![])).await, &["user_id"]);
     assert_invalid(
         c.ack_all(ack_all(1, vec![0, 42])).await,
         &["kinds[1]", "42"],
     );
-    assert_invalid(c.ack_all(ack_all(1, vec![0; 7])).await, &["kinds", "6"]);
+    assert_invalid(c.ack_all(ack_all(1, vec![0; 8])).await, &["kinds", "7"]);
 }
 
 #[tokio::test]

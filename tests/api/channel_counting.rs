@@ -206,6 +206,7 @@ async fn acks_manual_acks_and_ack_all_count_from_the_channel() {
     let all = AckAllRequest {
         user_id: 1,
         kinds: vec![],
+        parent_id: 0,
     };
     let answer = app.client.ack_all(all).await.unwrap().into_inner();
     assert_eq!(answer.updated, 1);

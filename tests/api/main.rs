@@ -21,5 +21,6 @@ mod raw_h2;
 mod redelivery;
 mod restart;
 mod set_muted;
+mod threads;
 mod tls;
 mod watch;

@@ -134,6 +134,7 @@ async fn ack_all_marks_everything_read_up_to_each_watermark_in_one_version() {
     let channels_only = AckAllRequest {
         user_id: 1,
         kinds: vec![ReadStateKind::Channel as i32],
+        parent_id: 0,
     };
     let answer = app
         .client
@@ -173,6 +174,7 @@ async fn ack_all_marks_everything_read_up_to_each_watermark_in_one_version() {
     let all = AckAllRequest {
         user_id: 1,
         kinds: vec![],
+        parent_id: 0,
     };
     assert_eq!(
         app.client.ack_all(all).await.unwrap().into_inner().updated,

@@ -100,6 +100,7 @@ pub fn change(op: &Op) -> Option<Change> {
             unread_user_ids: unread,
             kind: 0,
             channel_taken: None,
+            parent_id: 0,
         }),
         Op::GetReadStates { .. } | Op::GetBadgeCounts { .. } => return None,
     })

@@ -129,7 +129,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 9);
+        assert_eq!(all.len(), 10);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
