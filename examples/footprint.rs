@@ -16,7 +16,11 @@
 //! With `channel-states` it measures COUNT channels counted by channel, each
 //! with its recent messages full.
 //!
-//! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive|grown]
+//! With `threads` every read state is a thread read state (a followed
+//! thread, with its parent channel's id beside it): compare with the same
+//! counts without it.
+//!
+//! cargo run --release --example footprint -- [USERS] [CHANNELS] [naive|grown|threads]
 //! cargo run --release --example footprint -- [COUNT] deletions
 //! cargo run --release --example footprint -- [COUNT] channel-states
 
@@ -36,6 +40,8 @@ use readstates::store::{Store, StoreError, StoredUser, UserWrite};
 #[derive(Debug)]
 struct MadeUpStore {
     channels: u64,
+    /// Thread read states rather than channels'.
+    threads: bool,
 }
 
 #[async_trait]
@@ -49,14 +55,24 @@ impl Store for MadeUpStore {
                 last_acked_id: channel_id << 22,
                 last_message_id: (channel_id << 22) + 1,
                 version: 1,
+                kind: if self.threads {
+                    Kind::Thread
+                } else {
+                    Kind::Channel
+                },
                 ..ReadState::new(Key::channel(channel_id << 22))
             })
+            .collect();
+        // Threads of 50 parents.
+        let parents = (1..=self.channels)
+            .filter(|_| self.threads)
+            .map(|thread| (thread << 22, ((thread % 50) + 1) << 22 | 1))
             .collect();
         Ok(StoredUser {
             version: 1,
             delta_floor: 0,
             read_states,
-            parents: Default::default(),
+            parents,
         })
     }
     async fn write(&self, _: &UserWrite) -> Result<(), StoreError> {
@@ -97,7 +113,7 @@ fn naive(users: u64, channels: u64) -> usize {
     len
 }
 
-async fn ours(users: u64, channels: u64, grown: bool) -> usize {
+async fn ours(users: u64, channels: u64, grown: bool, threads: bool) -> usize {
     let cache = Cache::new(
         CacheConfig {
             // Headroom, so that uneven shards evict nobody.
@@ -110,6 +126,7 @@ async fn ours(users: u64, channels: u64, grown: bool) -> usize {
         },
         Arc::new(MadeUpStore {
             channels: if grown { 0 } else { channels },
+            threads,
         }),
     );
     for user_id in 1..=users {
@@ -197,20 +214,21 @@ async fn main() {
     let channels: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let is_naive = args.iter().any(|a| a == "naive");
     let grown = args.iter().any(|a| a == "grown");
+    let threads = args.iter().any(|a| a == "threads");
 
     let before = resident_bytes();
     let held = if is_naive {
         naive(users, channels)
     } else {
-        ours(users, channels, grown).await
+        ours(users, channels, grown, threads).await
     };
     let grown = resident_bytes().saturating_sub(before);
     println!(
         "{}: {users} users x {channels} channels = {held} read states, resident +{:.1} MiB, {:.1} bytes per read state",
-        if is_naive {
-            "naive lru<(user, channel), state>"
-        } else {
-            "readstates cache"
+        match (is_naive, threads) {
+            (true, _) => "naive lru<(user, channel), state>",
+            (false, true) => "readstates cache, thread read states",
+            (false, false) => "readstates cache",
         },
         grown as f64 / (1 << 20) as f64,
         grown as f64 / held as f64

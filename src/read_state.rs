@@ -1017,8 +1017,20 @@ impl<'a> UserView<'a> {
 
     pub fn answer(self, since: u64, channels: &impl Channels) -> Answer {
         let delta = self.delta(since, channels);
+        // Both sorted by key: each thread's parent is found walking along.
+        let mut threads = self.threads().peekable();
         let read_states: Vec<Shown> = (delta.read_states.into_iter())
-            .map(|state| self.shown(state, channels))
+            .map(|state| {
+                let shown = channels.shown(state);
+                if state.kind != Kind::Thread {
+                    return shown;
+                }
+                while threads.next_if(|(t, _)| t.key() < state.key()).is_some() {}
+                Shown {
+                    parent_id: threads.peek().map_or(0, |&(_, parent)| parent),
+                    ..shown
+                }
+            })
             .collect();
         let counts = match delta.partial {
             false => Counts::of(read_states.iter().map(|s| s.state)),

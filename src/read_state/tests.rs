@@ -746,7 +746,7 @@ fn model_counts(model: &Model) -> Counts {
 }
 
 /// The thread totals, counted from the model, overall and by parent.
-fn model_thread_counts(model: &Model) -> (ThreadCounts, BTreeMap<u64, ThreadCounts>) {
+fn model_thread_counts(model: &Model) -> (ThreadCounts, Vec<(u64, ThreadCounts)>) {
     let mut total = ThreadCounts::default();
     let mut by_parent: BTreeMap<u64, ThreadCounts> = BTreeMap::new();
     for (key, s) in model.states.iter().filter(|(k, _)| k.kind == Kind::Thread) {
@@ -763,7 +763,7 @@ fn model_thread_counts(model: &Model) -> (ThreadCounts, BTreeMap<u64, ThreadCoun
             counts.mentioned_threads += u32::from(mentioned);
         }
     }
-    (total, by_parent)
+    (total, by_parent.into_iter().collect())
 }
 
 proptest! {

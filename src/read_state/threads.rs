@@ -13,8 +13,6 @@
 //! stay up once every thread is read (the phantom and negative unread
 //! thread counts of other services come from totals kept in step by hand).
 
-use std::collections::BTreeMap;
-
 use super::{Entries, Key, Kind, ReadState, UserReadStates, UserView, first_thread};
 
 /// The most threads one user follows at once.
@@ -233,17 +231,25 @@ impl<'a> UserView<'a> {
             .zip(self.parents.iter().copied())
     }
 
-    /// The user's thread totals, overall and by parent (parents with no
-    /// unread thread left out), counted now.
-    pub fn thread_counts(self) -> (ThreadCounts, BTreeMap<u64, ThreadCounts>) {
+    /// The user's thread totals, overall and by parent (ascending; parents
+    /// with no unread thread left out), counted now.
+    pub fn thread_counts(self) -> (ThreadCounts, Vec<(u64, ThreadCounts)>) {
         let mut total = ThreadCounts::default();
-        let mut by_parent: BTreeMap<u64, ThreadCounts> = BTreeMap::new();
-        for (state, parent) in self.threads() {
-            if state.deleted || !(state.is_unread() || state.mention_count > 0) {
-                continue;
+        // Sorted once rather than a map entry per thread: this runs on every
+        // GetReadStates.
+        let mut counted: Vec<(u64, &ReadState)> = (self.threads())
+            .filter(|(s, _)| !s.deleted && (s.is_unread() || s.mention_count > 0))
+            .map(|(s, parent)| (parent, s))
+            .collect();
+        counted.sort_unstable_by_key(|&(parent, _)| parent);
+        let mut by_parent = Vec::new();
+        for group in counted.chunk_by(|a, b| a.0 == b.0) {
+            let mut counts = ThreadCounts::default();
+            for &(_, state) in group {
+                counts.add(state);
+                total.add(state);
             }
-            total.add(state);
-            by_parent.entry(parent).or_default().add(state);
+            by_parent.push((group[0].0, counts));
         }
         (total, by_parent)
     }
