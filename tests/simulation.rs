@@ -10,6 +10,10 @@
 //! point, to counting by channel (`SetChannelCounting`): its users' counts
 //! there are then counted from the channel's state, which the model keeps
 //! too and the store must hold as well.
+//! Clients also follow and unfollow threads of the shared channels, and
+//! reply in them (a reply counts only in its followers' thread read states;
+//! a channel's deletion takes its threads; the store must keep each
+//! thread's parent).
 //! Each lifetime ends in a graceful shutdown at a random moment, and the next
 //! one starts on the same store.
 //!
@@ -61,6 +65,14 @@ const OPS_PER_CLIENT: usize = 25;
 const MESSAGE_IDS: u64 = 40;
 /// Client `c`'s own channel is `OWN_CHANNELS + c`.
 const OWN_CHANNELS: u64 = 100;
+/// Threads of the shared channels (see [`thread_parent`]).
+const THREADS: [u64; 2] = [200, 201];
+const THREAD: i32 = ReadStateKind::Thread as i32;
+
+/// The channel a thread belongs to, for good.
+fn thread_parent(thread: u64) -> u64 {
+    1 + thread % CHANNELS
+}
 
 /// (kind, channel_id)
 type Key = (i32, u64);
@@ -164,6 +176,24 @@ enum Op {
         channel: u64,
         counted_from: u64,
     },
+    /// FollowThread (unary only), read up to `at`.
+    Follow {
+        user: u64,
+        thread: u64,
+        at: u64,
+    },
+    Unfollow {
+        user: u64,
+        thread: u64,
+    },
+    /// A reply in `thread` (MessageCreated of kind THREAD).
+    Reply {
+        thread: u64,
+        message_id: u64,
+        author: u64,
+        mentioned: Vec<u64>,
+        followers: Vec<u64>,
+    },
 }
 
 impl Op {
@@ -175,11 +205,19 @@ impl Op {
             | Op::BulkAck { user, .. }
             | Op::Delete { user, .. }
             | Op::DeleteAll { user }
-            | Op::AckAll { user, .. } => vec![*user],
+            | Op::AckAll { user, .. }
+            | Op::Follow { user, .. }
+            | Op::Unfollow { user, .. } => vec![*user],
             Op::Message {
                 author,
                 mentioned,
                 unread,
+                ..
+            }
+            | Op::Reply {
+                author,
+                mentioned,
+                followers: unread,
                 ..
             } => {
                 let mut users: Vec<u64> = mentioned.iter().chain(unread).copied().collect();
@@ -319,9 +357,78 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
         }
         Op::Delete { user, keys } => {
             let model = models.entry(*user).or_default();
+            // A channel's threads go with it.
+            let threads = (keys.iter())
+                .filter(|key| key.0 == 0)
+                .flat_map(|key| THREADS.iter().filter(move |&&t| thread_parent(t) == key.1))
+                .map(|&thread| (THREAD, thread));
+            let keys: Vec<Key> = keys.iter().copied().chain(threads).collect();
             keys.iter()
                 .filter(|key| model.remove(key).is_some())
                 .count() as u32
+        }
+        Op::Follow { user, thread, at } => {
+            let model = models.entry(*user).or_default();
+            let key = (THREAD, *thread);
+            if model.contains_key(&key) {
+                return 0;
+            }
+            let state = State {
+                last_acked_id: *at,
+                last_message_id: *at,
+                ..State::default()
+            };
+            model.insert(key, state);
+            1
+        }
+        Op::Unfollow { user, thread } => {
+            let model = models.entry(*user).or_default();
+            u32::from(model.remove(&(THREAD, *thread)).is_some())
+        }
+        Op::Reply {
+            thread,
+            message_id,
+            author,
+            mentioned,
+            ..
+        } => {
+            let key = (THREAD, *thread);
+            let mut changed = 0;
+            for user in op.changed_users() {
+                let model = models.entry(user).or_default();
+                let following = model.contains_key(&key);
+                let is_mentioned = mentioned.contains(&user);
+                changed += u32::from(match (user == *author, is_mentioned, following) {
+                    // The author follows and has read it.
+                    (true, _, true) => ack(model, key, *message_id),
+                    (true, _, false) => {
+                        let state = State {
+                            last_acked_id: *message_id,
+                            last_message_id: *message_id,
+                            ..State::default()
+                        };
+                        model.insert(key, state);
+                        true
+                    }
+                    // A mentioned user follows from just below it.
+                    (false, true, true) => message(model, key, *message_id, true),
+                    (false, true, false) => {
+                        let state = State {
+                            last_acked_id: message_id - 1,
+                            last_message_id: *message_id,
+                            mention_count: 1,
+                            unread_count: 1,
+                        };
+                        model.insert(key, state);
+                        true
+                    }
+                    // A follower, only while following.
+                    (false, false, following) => {
+                        following && message(model, key, *message_id, false)
+                    }
+                });
+            }
+            changed
         }
         Op::DeleteAll { user } => {
             let model = models.entry(*user).or_default();
@@ -388,9 +495,10 @@ fn from_proto(read_states: &[ReadState]) -> UserModel {
 
 fn badge(model: &UserModel) -> (u64, u32) {
     let mentions = model.values().map(|s| u64::from(s.mention_count)).sum();
+    // Unread threads make no channel unread.
     let unread = model
-        .values()
-        .filter(|s| s.mention_count > 0 || s.unread_count > 0)
+        .iter()
+        .filter(|&(key, s)| key.0 != THREAD && (s.mention_count > 0 || s.unread_count > 0))
         .count();
     (mentions, unread as u32)
 }
@@ -409,7 +517,7 @@ fn random_op(rng: &mut fastrand::Rng, users: &[u64], own: u64, counted_from: Opt
     let some_users = |rng: &mut fastrand::Rng| -> Vec<u64> {
         users.iter().copied().filter(|_| rng.bool()).collect()
     };
-    match rng.u32(0..100) {
+    match rng.u32(0..112) {
         0..20 => Op::Ack {
             user,
             key: key(rng),
@@ -448,16 +556,33 @@ fn random_op(rng: &mut fastrand::Rng, users: &[u64], own: u64, counted_from: Opt
         68..71 => Op::DeleteAll { user },
         71..74 => Op::AckAll {
             user,
-            kinds: (0..rng.usize(0..2)).map(|_| rng.i32(0..2)).collect(),
+            kinds: (0..rng.usize(0..2))
+                .map(|_| [0, 1, THREAD][rng.usize(..3)])
+                .collect(),
         },
         74..88 => Op::Read { user },
         88..97 => Op::Badges {
             users: some_users(rng),
         },
-        // A retry once switched.
-        _ => Op::Switch {
+        97..100 => Op::Switch {
             channel: own,
             counted_from: counted_from.unwrap_or_else(|| rng.u64(0..=MESSAGE_IDS)),
+        },
+        100..104 => Op::Follow {
+            user,
+            thread: THREADS[rng.usize(..THREADS.len())],
+            at: message_id(rng),
+        },
+        104..106 => Op::Unfollow {
+            user,
+            thread: THREADS[rng.usize(..THREADS.len())],
+        },
+        _ => Op::Reply {
+            thread: THREADS[rng.usize(..THREADS.len())],
+            message_id: message_id(rng),
+            author: if rng.bool() { user } else { 0 },
+            mentioned: some_users(rng),
+            followers: some_users(rng),
         },
     }
 }
@@ -538,7 +663,25 @@ fn change(op: &Op) -> Option<Change> {
         Op::Badges { users } => Change::GetBadgeCounts(GetBadgeCountsRequest {
             user_ids: users.clone(),
         }),
-        Op::Read { .. } | Op::Switch { .. } => return None,
+        Op::Reply {
+            thread,
+            message_id,
+            author,
+            mentioned,
+            followers,
+        } => Change::MessageCreated(MessageCreatedRequest {
+            channel_id: *thread,
+            kind: THREAD,
+            parent_id: thread_parent(*thread),
+            message_id: *message_id,
+            author_id: *author,
+            mentioned_user_ids: mentioned.clone(),
+            unread_user_ids: followers.clone(),
+            ..MessageCreatedRequest::default()
+        }),
+        Op::Read { .. } | Op::Switch { .. } | Op::Follow { .. } | Op::Unfollow { .. } => {
+            return None;
+        }
     })
 }
 
@@ -573,6 +716,24 @@ async fn call(service: &ReadStatesService, op: &Op) -> Result<Observed, Status> 
         };
         let response = service.set_channel_counting(Request::new(request)).await?;
         return Ok(Observed::Count(u32::from(response.into_inner().applied), 0));
+    }
+    if let Op::Follow { user, thread, .. } | Op::Unfollow { user, thread } = op {
+        let request = FollowThreadRequest {
+            user_id: *user,
+            thread_id: *thread,
+            parent_id: thread_parent(*thread),
+            last_message_id: match op {
+                Op::Follow { at, .. } => *at,
+                _ => 0,
+            },
+            follow: matches!(op, Op::Follow { .. }),
+        };
+        let response = service.follow_thread(Request::new(request)).await?;
+        let response = response.into_inner();
+        return Ok(Observed::Count(
+            u32::from(response.applied),
+            response.version,
+        ));
     }
     let Some(change) = change(op) else {
         let Op::Read { user } = op else {
@@ -772,7 +933,10 @@ impl Client {
         let name = &self.name;
         let (after, channels) = after;
         match (op, observed) {
-            (Op::Message { .. } | Op::Switch { .. }, Observed::Count(updated, _)) => {
+            (
+                Op::Message { .. } | Op::Switch { .. } | Op::Reply { .. },
+                Observed::Count(updated, _),
+            ) => {
                 assert_eq!(updated, expected, "{name}: {op:?} counted");
             }
             (
@@ -780,7 +944,9 @@ impl Client {
                 | Op::Manual { user, .. }
                 | Op::Delete { user, .. }
                 | Op::DeleteAll { user }
-                | Op::AckAll { user, .. },
+                | Op::AckAll { user, .. }
+                | Op::Follow { user, .. }
+                | Op::Unfollow { user, .. },
                 Observed::Count(count, version),
             ) => {
                 assert_eq!(count, expected, "{name}: {op:?}");
@@ -907,6 +1073,8 @@ struct Outcome {
     /// it took.
     switched: usize,
     counted_by_channel: usize,
+    /// Thread read states the clients' users follow at the end.
+    followed_threads: usize,
 }
 
 /// One seed: `LIFETIMES` lifetimes on one store.
@@ -1047,6 +1215,19 @@ async fn simulate(seed: u64) -> Outcome {
                     .map(ReadState::from)
                     .collect();
                 let stored_model = from_proto(&live);
+                let threads = stored
+                    .read_states
+                    .iter()
+                    .filter(|s| s.kind as i32 == THREAD);
+                for row in threads {
+                    assert_eq!(
+                        stored.parents.get(&row.channel_id),
+                        Some(&thread_parent(row.channel_id)),
+                        "{}, lifetime {lifetime}: user {user}'s thread {} stored without its parent",
+                        client.name,
+                        row.channel_id
+                    );
+                }
                 let seen = client.versions.entry(*user).or_default();
                 if report.unwritten == 0 {
                     assert_eq!(
@@ -1077,6 +1258,10 @@ async fn simulate(seed: u64) -> Outcome {
         counted_by_channel: (clients.iter())
             .flat_map(|c| c.channels.values())
             .map(|c| c.recent.len())
+            .sum(),
+        followed_threads: (clients.iter())
+            .flat_map(|c| c.models.values())
+            .map(|m| m.keys().filter(|k| k.0 == THREAD).count())
             .sum(),
     }
 }
@@ -1110,6 +1295,7 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
                 total.lossy_shutdowns += outcome.lossy_shutdowns;
                 total.switched += outcome.switched;
                 total.counted_by_channel += outcome.counted_by_channel;
+                total.followed_threads += outcome.followed_threads;
             }
             Err(panic) => {
                 eprintln!("simulation failed at seed {seed}; replay with SIMULATION_SEED={seed}");
@@ -1120,7 +1306,8 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
     println!(
         "simulation: {} seeds, {} operations ({} over Apply streams; {} refused or cut \
          and resolved), {} shutdowns that reported unwritten changes, {} channels switched \
-         to counting by channel that took {} messages, in {:.1?}",
+         to counting by channel that took {} messages, {} threads followed at the end, \
+         in {:.1?}",
         seeds.len(),
         total.operations,
         total.streamed,
@@ -1128,10 +1315,11 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
         total.lossy_shutdowns,
         total.switched,
         total.counted_by_channel,
+        total.followed_threads,
         started.elapsed()
     );
     assert!(
-        seeds.len() < 100 || total.counted_by_channel > 0,
-        "no message was counted by channel"
+        seeds.len() < 100 || (total.counted_by_channel > 0 && total.followed_threads > 0),
+        "no message was counted by channel, or no thread followed"
     );
 }
