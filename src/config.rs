@@ -300,6 +300,11 @@ settings! {
     /// Each holds at most a few batches of up to 1,000 items.
     #[arg(long, env = "READSTATES_MAX_APPLY_STREAMS")]
     max_apply_streams: usize = 1_024;
+    /// Take thread read states (FollowThread, replies of kind THREAD). Off
+    /// until every node of the fleet runs a build that reads them: an older
+    /// node cannot load a user who follows a thread.
+    #[arg(long, env = "READSTATES_THREADS", num_args = 0..=1, default_missing_value = "true")]
+    threads: bool = false;
     /// How long shutdown keeps trying to write unwritten changes.
     #[arg(long, env = "READSTATES_SHUTDOWN_TIMEOUT", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]

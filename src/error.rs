@@ -97,6 +97,11 @@ pub enum Error {
         "channel {channel_id} is switched, but not every node of the fleet has it yet ({reason}); retry"
     )]
     SwitchNotCopied { channel_id: u64, reason: String },
+    /// Thread read states are off on this node (`--threads`).
+    #[error(
+        "thread read states are off on this node: turn on --threads once every node of the fleet runs a build that reads them"
+    )]
+    ThreadsOff,
     /// A user follows as many threads as one may.
     #[error("the user follows {limit} threads, the most one may; unfollow some first")]
     TooManyThreads { limit: usize },
@@ -133,7 +138,8 @@ impl Error {
             Error::DeadlineExceeded => Code::DeadlineExceeded,
             Error::NotReleased { .. }
             | Error::HandoffRefused { .. }
-            | Error::SwitchedAlready { .. } => Code::FailedPrecondition,
+            | Error::SwitchedAlready { .. }
+            | Error::ThreadsOff => Code::FailedPrecondition,
             Error::HandoffBroken(_) => Code::Aborted,
         }
     }

@@ -63,6 +63,8 @@ pub struct ServiceConfig {
     pub node: String,
     /// Apply streams served at once.
     pub max_apply_streams: usize,
+    /// Thread read states are taken (see `Config::threads`).
+    pub threads: bool,
 }
 
 impl From<&Config> for ServiceConfig {
@@ -75,6 +77,7 @@ impl From<&Config> for ServiceConfig {
                 .clone()
                 .unwrap_or_else(|| "standalone".to_owned()),
             max_apply_streams: config.max_apply_streams,
+            threads: config.threads,
         }
     }
 }
@@ -355,6 +358,15 @@ impl ReadStatesService {
         result
     }
 
+    /// Refuses what would make a thread read state (`kind`) on a node that
+    /// does not take them (see `Config::threads`).
+    fn takes_threads(&self, kind: i32) -> Result<(), Error> {
+        match kind == ReadStateKind::Thread as i32 && !self.config.threads {
+            true => Err(Error::ThreadsOff),
+            false => Ok(()),
+        }
+    }
+
     /// A message (or deletion) that names no members, on a node of a
     /// fleet: the channel's owner, which alone knows for sure whether the
     /// channel is counted by channel (this node's copy may lag, or, on a
@@ -481,6 +493,7 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<MessageCreatedRequest>,
     ) -> Result<Response<MessageCreatedResponse>, Status> {
+        self.takes_threads(request.get_ref().kind)?;
         self.call_scattered(
             &self.metrics.message_created,
             request,
@@ -545,6 +558,7 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<FollowThreadRequest>,
     ) -> Result<Response<FollowThreadResponse>, Status> {
+        self.takes_threads(ReadStateKind::Thread as i32)?;
         self.call_routed(&self.metrics.follow_thread, request, follow_thread::handle)
             .await
     }

@@ -1133,7 +1133,10 @@ async fn simulate(seed: u64) -> Outcome {
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let service = Arc::new(ReadStatesService::new(
             cache.clone(),
-            ServiceConfig::from(&Config::resolve(Settings::default())),
+            ServiceConfig::from(&Config::resolve(Settings {
+                threads: Some(true),
+                ..Settings::default()
+            })),
             tokio_util::sync::CancellationToken::new(),
         ));
         let running: Vec<_> = clients

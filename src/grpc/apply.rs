@@ -460,10 +460,13 @@ impl ReadStatesService {
                 )
                 .await
                 .map(Outcome::DeleteReadStates),
-            Change::MessageCreated(r) => self
-                .run_scattered(&metrics.message_created, origin, r, message_created::handle)
-                .await
-                .map(Outcome::MessageCreated),
+            Change::MessageCreated(r) => match self.takes_threads(r.kind) {
+                Ok(()) => self
+                    .run_scattered(&metrics.message_created, origin, r, message_created::handle)
+                    .await
+                    .map(Outcome::MessageCreated),
+                Err(refused) => Err(refused.into()),
+            },
             Change::MessageDeleted(r) => self
                 .run_scattered(&metrics.message_deleted, origin, r, message_deleted::handle)
                 .await

@@ -67,6 +67,7 @@ pub fn test_config() -> Config {
         store: Some(StoreKind::Memory),
         shards: Some(4),
         shutdown_timeout: Some(Duration::from_secs(10)),
+        threads: Some(true),
         ..Settings::default()
     })
 }

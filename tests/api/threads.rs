@@ -479,3 +479,26 @@ async fn a_user_moved_to_another_node_keeps_their_threads_and_parents() {
     }
     let _ = &mut a;
 }
+
+/// Off by default, until every node of a fleet runs a build that reads
+/// thread read states: nothing makes one, everything else works.
+#[tokio::test]
+async fn a_node_without_threads_refuses_what_would_make_a_thread_read_state() {
+    let mut config = test_config();
+    config.threads = false;
+    let mut app = spawn_app_with(config).await;
+    let c = &mut app.client;
+    let refused = c
+        .follow_thread(follow(1, 100, PARENT, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("--threads"), "{refused:?}");
+    let reply = c.message_created(reply(100, PARENT, 5, 1, &[2], &[])).await;
+    assert_eq!(reply.unwrap_err().code(), Code::FailedPrecondition);
+    assert!(read_states(&mut app, 1).await.read_states.is_empty());
+    let c = &mut app.client;
+    c.message_created(message(PARENT, 5, 1, &[2], &[]))
+        .await
+        .unwrap();
+}
