@@ -558,7 +558,10 @@ impl ReadStates for ReadStatesService {
         &self,
         request: Request<FollowThreadRequest>,
     ) -> Result<Response<FollowThreadResponse>, Status> {
-        self.takes_threads(ReadStateKind::Thread as i32)?;
+        // Leaving a thread makes nothing: taken with threads off too.
+        if request.get_ref().follow {
+            self.takes_threads(ReadStateKind::Thread as i32)?;
+        }
         self.call_routed(&self.metrics.follow_thread, request, follow_thread::handle)
             .await
     }

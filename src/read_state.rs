@@ -709,8 +709,16 @@ impl<E: Entries> UserReadStates<E> {
         for key in keys {
             if self.get(key).is_some() {
                 self.change(key, version, |e| {
+                    // A thread's tombstone keeps how far it was counted, so
+                    // that a redelivered reply does not make its user follow
+                    // it again.
+                    let counted_up_to = match key.kind {
+                        Kind::Thread => e.counted_up_to(),
+                        _ => 0,
+                    };
                     *e = ReadState {
                         deleted: true,
+                        last_message_id: counted_up_to,
                         ..ReadState::new(key)
                     };
                 });

@@ -68,6 +68,10 @@ const OWN_CHANNELS: u64 = 100;
 /// Threads of the shared channels (see [`thread_parent`]).
 const THREADS: [u64; 2] = [200, 201];
 const THREAD: i32 = ReadStateKind::Thread as i32;
+/// In a user's model, under this kind: a thread the user left, counted up
+/// to `last_message_id` then (a reply up to there does not make them follow
+/// it again). Never read back: see [`shown`].
+const LEFT: i32 = -THREAD;
 
 /// The channel a thread belongs to, for good.
 fn thread_parent(thread: u64) -> u64 {
@@ -120,6 +124,7 @@ type ChannelModels = BTreeMap<u64, ChannelModel>;
 /// the last ack.
 fn shown(model: Option<&UserModel>, channels: &ChannelModels) -> UserModel {
     let mut shown = model.cloned().unwrap_or_default();
+    shown.retain(|key, _| key.0 != LEFT);
     for ((kind, channel_id), state) in shown.iter_mut() {
         if let (0, Some(channel)) = (*kind, channels.get(channel_id)) {
             state.unread_count += channel.unread_after(state.last_acked_id);
@@ -363,9 +368,16 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
                 .flat_map(|key| THREADS.iter().filter(move |&&t| thread_parent(t) == key.1))
                 .map(|&thread| (THREAD, thread));
             let keys: Vec<Key> = keys.iter().copied().chain(threads).collect();
-            keys.iter()
-                .filter(|key| model.remove(key).is_some())
-                .count() as u32
+            let mut deleted = 0;
+            for key in keys {
+                if let Some(state) = model.remove(&key) {
+                    deleted += 1;
+                    if key.0 == THREAD {
+                        model.insert((LEFT, key.1), left(state));
+                    }
+                }
+            }
+            deleted
         }
         Op::Follow { user, thread, at } => {
             let model = models.entry(*user).or_default();
@@ -383,7 +395,11 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
         }
         Op::Unfollow { user, thread } => {
             let model = models.entry(*user).or_default();
-            u32::from(model.remove(&(THREAD, *thread)).is_some())
+            let Some(state) = model.remove(&(THREAD, *thread)) else {
+                return 0;
+            };
+            model.insert((LEFT, *thread), left(state));
+            1
         }
         Op::Reply {
             thread,
@@ -398,6 +414,11 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
                 let model = models.entry(user).or_default();
                 let following = model.contains_key(&key);
                 let is_mentioned = mentioned.contains(&user);
+                let left_after = (model.get(&(LEFT, *thread)))
+                    .is_some_and(|left| *message_id <= left.last_message_id);
+                if !following && left_after {
+                    continue;
+                }
                 changed += u32::from(match (user == *author, is_mentioned, following) {
                     // The author follows and has read it.
                     (true, _, true) => ack(model, key, *message_id),
@@ -432,14 +453,14 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
         }
         Op::DeleteAll { user } => {
             let model = models.entry(*user).or_default();
-            let deleted = model.len() as u32;
+            let deleted = model.keys().filter(|key| key.0 != LEFT).count() as u32;
             model.clear();
             deleted
         }
         Op::AckAll { user, kinds } => {
             let model = models.entry(*user).or_default();
             let mut updated = 0;
-            for (key, state) in model.iter_mut() {
+            for (key, state) in model.iter_mut().filter(|(key, _)| key.0 != LEFT) {
                 // Counted by channel: read up to the channel's newest.
                 let newest = match (key.0, channels.get(&key.1)) {
                     (0, Some(c)) => c.last_message_id,
@@ -475,6 +496,14 @@ fn apply(models: &mut BTreeMap<u64, UserModel>, channels: &mut ChannelModels, op
             1
         }
         Op::Read { .. } | Op::Badges { .. } => 0,
+    }
+}
+
+/// What a thread's tombstone keeps of `state`: how far it was counted.
+fn left(state: State) -> State {
+    State {
+        last_message_id: state.last_acked_id.max(state.last_message_id),
+        ..State::default()
     }
 }
 
@@ -1234,7 +1263,8 @@ async fn simulate(seed: u64) -> Outcome {
                 let seen = client.versions.entry(*user).or_default();
                 if report.unwritten == 0 {
                     assert_eq!(
-                        &stored_model, model,
+                        &stored_model,
+                        &shown(Some(model), &ChannelModels::new()),
                         "{}, lifetime {lifetime}: stored user {user} (report: all written)",
                         client.name
                     );
@@ -1244,8 +1274,19 @@ async fn simulate(seed: u64) -> Outcome {
                         client.name
                     );
                 } else {
-                    // Lost, and reported: the next lifetime starts from the store.
+                    // Lost, and reported: the next lifetime starts from the
+                    // store, with the threads it holds as left.
                     *model = stored_model;
+                    let left_threads = (stored.read_states.iter())
+                        .filter(|s| s.deleted && s.kind as i32 == THREAD);
+                    for tombstone in left_threads {
+                        let up_to = tombstone.last_message_id;
+                        let state = State {
+                            last_message_id: up_to,
+                            ..State::default()
+                        };
+                        model.insert((LEFT, tombstone.channel_id), state);
+                    }
                     *seen = stored.version;
                 }
             }

@@ -18,10 +18,12 @@ pub async fn handle(cache: Arc<Cache>, request: AckAllRequest) -> Result<AckAllR
         .enumerate()
         .map(|(i, &kind)| validate::kind(format_args!("kinds[{i}]"), kind))
         .collect::<Result<Vec<Kind>, Error>>()?;
-    if request.parent_id != 0 && !kinds.is_empty() {
+    // [THREAD] with a parent: a build without threads refuses that kind,
+    // where it would take a request of no kinds for "mark everything read".
+    if request.parent_id != 0 && kinds != [Kind::Thread] {
         return Err(Error::invalid(
             "kinds",
-            "must be empty with parent_id: a parent's threads are all of kind THREAD",
+            "must be [THREAD] with parent_id: a parent's threads are of kind THREAD",
         ));
     }
     let channels = cache.channels().clone();

@@ -3,8 +3,9 @@
 //! `crate::read_state::threads`), never in the parent channel: the author
 //! follows and has read it, a mentioned user follows and counts it, a
 //! listed follower counts it only while following. A thread's parent is
-//! checked for every user before any is changed, so a reply naming another
-//! parent is refused whole.
+//! checked for every user of this node before any is changed, so here a
+//! reply naming another parent is refused whole (the parts of a reply split
+//! over a fleet are checked each at its node).
 
 use std::sync::Arc;
 

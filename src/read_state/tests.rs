@@ -438,6 +438,9 @@ impl ModelState {
 struct Model {
     states: BTreeMap<Key, ModelState>,
     parents: BTreeMap<u64, u64>,
+    /// Threads left (unfollowed or deleted), and how far they were counted
+    /// then: a reply up to there does not make the user follow again.
+    left: BTreeMap<u64, u64>,
 }
 
 /// Where a thread belongs in the generated operations (a reply or follow
@@ -541,11 +544,21 @@ fn apply_model(whole: &mut Model, op: &Op) -> bool {
             }
             return false;
         }
-        Op::Unfollow(thread) => return whole.states.remove(&thread_key(thread)).is_some(),
+        Op::Unfollow(thread) => {
+            let Some(state) = whole.states.remove(&thread_key(thread)) else {
+                return false;
+            };
+            whole.left.insert(thread, state.counted_up_to());
+            return true;
+        }
         Op::Reply(thread, parent_named, id, replied) => {
             let parent = named(thread, parent_named);
             let key = thread_key(thread);
             if whole.parents.get(&thread).is_some_and(|&p| p != parent) {
+                return false;
+            }
+            let left_after = whole.left.get(&thread).is_some_and(|&up_to| id <= up_to);
+            if !whole.states.contains_key(&key) && left_after {
                 return false;
             }
             let before = whole.states.get(&key).copied();
@@ -601,21 +614,32 @@ fn apply_model(whole: &mut Model, op: &Op) -> bool {
         Op::Delete(ref keys) => {
             let mut changed = false;
             for key in keys {
-                changed |= whole.states.remove(key).is_some();
+                if let Some(state) = whole.states.remove(key) {
+                    changed = true;
+                    if key.kind == Kind::Thread {
+                        whole.left.insert(key.channel_id, state.counted_up_to());
+                    }
+                }
                 if key.kind == Kind::Channel {
                     let parents = whole.parents.clone();
-                    whole.states.retain(|k, _| {
+                    let mut left = Vec::new();
+                    whole.states.retain(|k, s| {
                         let gone = k.kind == Kind::Thread
                             && parents.get(&k.channel_id) == Some(&key.channel_id);
+                        if gone {
+                            left.push((k.channel_id, s.counted_up_to()));
+                        }
                         changed |= gone;
                         !gone
                     });
+                    whole.left.extend(left);
                 }
             }
             return changed;
         }
         Op::DeleteAll => {
             whole.parents.clear();
+            whole.left.clear();
             let changed = !whole.states.is_empty();
             whole.states.clear();
             return changed;

@@ -77,7 +77,7 @@ impl<E: Entries> UserReadStates<E> {
         read_up_to: u64,
         now_us: u64,
     ) -> Result<bool, ThreadRefusal> {
-        if self.following(thread_id, parent_id)? {
+        if parent_id == 0 || self.following(thread_id, parent_id)? {
             return Ok(false);
         }
         self.room_for_a_thread()?;
@@ -105,7 +105,14 @@ impl<E: Entries> UserReadStates<E> {
         now_us: u64,
     ) -> Result<bool, ThreadRefusal> {
         let key = thread(thread_id);
+        if parent_id == 0 {
+            // No thread read state without its parent.
+            return Ok(false);
+        }
         let following = self.following(thread_id, parent_id)?;
+        if !following && self.left_after(thread_id, message_id) {
+            return Ok(false);
+        }
         match (replied, following) {
             (Replied::Follower, false) => Ok(false),
             (Replied::Follower, true) => Ok(self.message_created(
@@ -133,7 +140,7 @@ impl<E: Entries> UserReadStates<E> {
                 self.room_for_a_thread()?;
                 let version = self.next_version(now_us);
                 self.start_following(thread_id, parent_id, version, |e| {
-                    e.last_acked_id = message_id - 1;
+                    e.last_acked_id = message_id.saturating_sub(1);
                     e.last_message_id = message_id;
                     e.unread_count = 1;
                     e.mention_count = 1;
@@ -176,6 +183,17 @@ impl<E: Entries> UserReadStates<E> {
             });
         }
         Ok(view.get(thread(thread_id)).is_some())
+    }
+
+    /// Whether the user left `thread_id` after it was counted up to
+    /// `message_id`: a reply at or below that (redelivered, or late) does
+    /// not make them follow it again.
+    fn left_after(&self, thread_id: u64, message_id: u64) -> bool {
+        let position = self.position(thread(thread_id));
+        position.is_ok_and(|i| {
+            let tombstone = &self.entries[i];
+            tombstone.deleted && message_id <= tombstone.counted_up_to()
+        })
     }
 
     /// Refused if the user follows as many threads as one may.

@@ -181,8 +181,8 @@ async fn totals_by_parent_clear_when_every_thread_is_read_and_never_go_negative(
     assert!(c.ack(read).await.unwrap().into_inner().applied);
     let parent_only = AckAllRequest {
         user_id: 1,
+        kinds: vec![THREAD],
         parent_id: OTHER_PARENT,
-        ..AckAllRequest::default()
     };
     assert_eq!(
         c.ack_all(parent_only).await.unwrap().into_inner().updated,
@@ -330,9 +330,11 @@ async fn bad_thread_requests_get_clear_statuses_and_change_nothing() {
         ),
         (
             "kinds",
+            // A parent's threads with no kind: what a build without threads
+            // would take for "mark everything read".
             c.ack_all(AckAllRequest {
                 user_id: 1,
-                kinds: vec![THREAD],
+                kinds: vec![],
                 parent_id: PARENT,
             })
             .await
@@ -501,4 +503,7 @@ async fn a_node_without_threads_refuses_what_would_make_a_thread_read_state() {
     c.message_created(message(PARENT, 5, 1, &[2], &[]))
         .await
         .unwrap();
+    // Leaving a thread makes nothing, and is taken.
+    let left = c.follow_thread(unfollow(1, 100)).await.unwrap();
+    assert!(!left.into_inner().applied);
 }

@@ -202,3 +202,29 @@ fn a_user_follows_a_bounded_number_of_threads() {
     assert!(user.unfollow(2, next + 1));
     assert_eq!(user.follow(next, PARENT, 1, next + 2), Ok(true));
 }
+
+#[test]
+fn a_redelivered_reply_does_not_make_a_user_follow_a_thread_they_left() {
+    let mut user = UserReadStates::default();
+    user.reply(T1, PARENT, 5, Replied::Mentioned, 1).unwrap();
+    user.ack(key(T1), 5, 2).unwrap();
+    assert!(user.unfollow(T1, 3));
+    assert_eq!(
+        user.reply(T1, PARENT, 5, Replied::Mentioned, 4),
+        Ok(false),
+        "redelivered"
+    );
+    assert_eq!(
+        user.reply(T1, PARENT, 4, Replied::Author, 5),
+        Ok(false),
+        "late"
+    );
+    assert!(user.get(key(T1)).is_none());
+    // A newer reply mentioning them, or following again, does.
+    assert_eq!(user.reply(T1, PARENT, 6, Replied::Mentioned, 6), Ok(true));
+    assert_eq!(counts(&user).mentioned_threads, 1);
+    // So does a channel's deletion, for its threads.
+    user.delete(&[Key::channel(PARENT)], 7);
+    assert_eq!(user.reply(T1, PARENT, 6, Replied::Mentioned, 8), Ok(false));
+    assert_eq!(user.follow(T1, PARENT, 6, 9), Ok(true));
+}
