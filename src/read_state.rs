@@ -814,6 +814,7 @@ impl<E: Entries> UserReadStates<E> {
             self.entries.set_parents(&parents);
         }
         self.entries.insert(index, entry);
+        self.debug_check_parents();
     }
 
     /// Keeps only the entries `keep` says to, and their parents.
@@ -828,6 +829,13 @@ impl<E: Entries> UserReadStates<E> {
             self.entries.set_parents(&parents);
         }
         self.entries.retain(keep);
+        self.debug_check_parents();
+    }
+
+    /// One parent per thread entry (what every read of them relies on).
+    fn debug_check_parents(&self) {
+        let threads = self.entries.len() - first_thread(&self.entries);
+        debug_assert_eq!(self.entries.parents().len(), threads, "a parent per thread");
     }
 
     fn next_version(&mut self, now_us: u64) -> u64 {
