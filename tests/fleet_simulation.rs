@@ -31,6 +31,9 @@
 //! answered it took, and each mention as the model counts it; every copy
 //! must end equal to the owner's.
 //!
+//! Users also follow a thread by being mentioned in its replies: their
+//! thread read states, and the thread's parent, must move with them.
+//!
 //! `FLEET_SEEDS=N` sets how many seeds run (default 60), `FLEET_SEED=S`
 //! replays one; a failing seed prints itself.
 
@@ -52,7 +55,8 @@ use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::error::Error;
 use readstates::ownership::{Ownership, SlotState};
-use readstates::read_state::Key;
+use readstates::read_state::threads::Replied;
+use readstates::read_state::{Key, Kind};
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
@@ -64,6 +68,9 @@ const USERS: u64 = 40;
 const CLIENTS: usize = 3;
 const OPS_PER_CLIENT: usize = 40;
 const CHANNEL: u64 = 7;
+/// A thread of [`CHANNEL`] that users follow by being mentioned in its
+/// replies: its read states, and their parent, move with their users.
+const THREAD: u64 = 29;
 /// The channel counted by channel, from its first message: its slot moves
 /// with most of the plan's ring changes.
 const BY_CHANNEL: u64 = 28;
@@ -473,6 +480,38 @@ impl ByChannel {
     }
 }
 
+/// What the store must hold of a user's read state of [`THREAD`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Followed {
+    last_acked_id: u64,
+    last_message_id: u64,
+    unread_count: u16,
+    mention_count: u16,
+}
+
+impl Followed {
+    /// Mentioned in reply `message_id` (see `UserReadStates::reply`): a
+    /// user not following yet follows from just below it; a reply at or
+    /// below the watermark counts nothing.
+    fn mentioned(state: Option<Followed>, message_id: u64) -> Followed {
+        match state {
+            None => Followed {
+                last_acked_id: message_id - 1,
+                last_message_id: message_id,
+                unread_count: 1,
+                mention_count: 1,
+            },
+            Some(s) if message_id > s.last_acked_id.max(s.last_message_id) => Followed {
+                last_message_id: message_id,
+                unread_count: s.unread_count + 1,
+                mention_count: s.mention_count + 1,
+                ..s
+            },
+            Some(s) => s,
+        }
+    }
+}
+
 /// What one seed did.
 #[derive(Default)]
 struct Ran {
@@ -480,6 +519,8 @@ struct Ran {
     /// Moves of the channel counted by channel, and messages it took.
     channel_moves: usize,
     taken: usize,
+    /// Users following the thread at the end.
+    followers: usize,
     /// Users handed over warm.
     handed: usize,
     /// Users sent again within a handoff.
@@ -552,14 +593,16 @@ async fn simulate(seed: u64) -> Ran {
 
     let model = Arc::new(Mutex::new(Model::new()));
     let by_channel = Arc::new(Mutex::new(ByChannel::default()));
+    let threads: Arc<Mutex<BTreeMap<u64, Followed>>> = Arc::default();
     let next_message = Arc::new(Mutex::new(1u64));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|client| {
-            let (nodes, ring, model, by_channel, next_message) = (
+            let (nodes, ring, model, by_channel, threads, next_message) = (
                 nodes.clone(),
                 ring.clone(),
                 model.clone(),
                 by_channel.clone(),
+                threads.clone(),
                 next_message.clone(),
             );
             let mut rng = fastrand::Rng::with_seed(seed * 31 + client as u64);
@@ -591,6 +634,38 @@ async fn simulate(seed: u64) -> Ran {
                                 state.last_message_id = state.last_message_id.max(to);
                                 state.unread_count = 0;
                             }
+                        }
+                    } else if rng.u8(..4) == 0 {
+                        // A reply in THREAD mentioning a few users, who
+                        // follow it by that (split by owner, as a message).
+                        let message_id = {
+                            let mut next = next_message.lock().unwrap();
+                            *next += 1;
+                            *next
+                        };
+                        let mut users: Vec<u64> = (0..1 + rng.usize(..3))
+                            .map(|_| own(&mut rng, client))
+                            .collect();
+                        users.sort_unstable();
+                        users.dedup();
+                        let applied = route(&nodes, &ring, &users, |cache, part| {
+                            let part = part.to_vec();
+                            async move {
+                                cache
+                                    .update_many(&part, |_, s, now| {
+                                        let replied = Replied::Mentioned;
+                                        s.reply(THREAD, CHANNEL, message_id, replied, now)
+                                            .expect("a thread of one parent, few threads");
+                                    })
+                                    .await
+                                    .map(|_| ())
+                            }
+                        })
+                        .await;
+                        let mut threads = threads.lock().unwrap();
+                        for user in applied {
+                            let state = threads.get(&user).copied();
+                            threads.insert(user, Followed::mentioned(state, message_id));
                         }
                     } else if rng.u8(..3) == 0 {
                         // A message to BY_CHANNEL: its owner takes it, then
@@ -820,12 +895,34 @@ async fn simulate(seed: u64) -> Ran {
             "user {user}: mentions in the channel counted by channel"
         );
     }
+    let threads = std::mem::take(&mut *threads.lock().unwrap());
+    for user in 1..=USERS {
+        let stored = store.load(user).await.unwrap();
+        let got = (stored.read_states.iter())
+            .find(|s| s.kind == Kind::Thread && s.channel_id == THREAD && !s.deleted)
+            .map(|s| {
+                let parent = stored.parents.get(&THREAD).copied();
+                assert_eq!(parent, Some(CHANNEL), "user {user}: the thread's parent");
+                Followed {
+                    last_acked_id: s.last_acked_id,
+                    last_message_id: s.last_message_id,
+                    unread_count: s.unread_count,
+                    mention_count: s.mention_count,
+                }
+            });
+        assert_eq!(
+            got,
+            threads.get(&user).copied(),
+            "user {user}: the thread read state against the model"
+        );
+    }
     let handed = peers.handed.load(std::sync::atomic::Ordering::Relaxed);
     let again = peers.again.load(std::sync::atomic::Ordering::Relaxed);
     Ran {
         operations,
         channel_moves,
         taken: taken.len(),
+        followers: threads.len(),
         handed,
         again,
         restarts,
@@ -984,6 +1081,7 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
                 total.operations += ran.operations;
                 total.channel_moves += ran.channel_moves;
                 total.taken += ran.taken;
+                total.followers += ran.followers;
                 total.handed += ran.handed;
                 total.again += ran.again;
                 total.restarts += ran.restarts;
@@ -999,19 +1097,20 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
         operations,
         channel_moves,
         taken,
+        followers,
         handed,
         again,
         restarts,
         cut,
     } = total;
     println!(
-        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), {restarts} restarts ({cut} handoffs cut by one), {taken} messages taken by the channel counted by channel, which moved {channel_moves} times, in {:.1?}",
+        "fleet simulation: {} seeds, {operations} operations, {handed} users handed over ({again} sent again), {restarts} restarts ({cut} handoffs cut by one), {taken} messages taken by the channel counted by channel, which moved {channel_moves} times, {followers} users following a thread, in {:.1?}",
         seeds.len(),
         started.elapsed()
     );
     if seeds.len() > 10 {
         assert!(
-            handed > 0 && again > 0 && cut > 0 && channel_moves > 0 && taken > 0,
+            handed > 0 && again > 0 && cut > 0 && channel_moves > 0 && taken > 0 && followers > 0,
             "no handoff went through, none sent a user again, or none was cut by a restart: the simulation tests nothing of it"
         );
     }
