@@ -299,6 +299,12 @@ pub fn first_thread(entries: &[ReadState]) -> usize {
     entries.partition_point(|e| e.kind < Kind::Thread)
 }
 
+/// How many of a user's entries are threads' (tombstones too): how many
+/// parents they have.
+pub fn thread_count(entries: &[ReadState]) -> usize {
+    entries.len() - first_thread(entries)
+}
+
 /// All read states of one user, sorted by key, with the user's version.
 #[derive(Clone, Debug)]
 pub struct UserReadStates<E = Owned> {
@@ -539,11 +545,17 @@ impl<E: Entries> UserReadStates<E> {
             })
             .map(|e| (e.key(), read_up_to(e)))
             .collect();
+        self.read_each(&acks, now_us)
+    }
+
+    /// Marks each of `acks` read up to its message id, as one change.
+    /// Returns how many.
+    fn read_each(&mut self, acks: &[(Key, u64)], now_us: u64) -> u32 {
         if acks.is_empty() {
             return 0;
         }
         let version = self.next_version(now_us);
-        for &(key, message_id) in &acks {
+        for &(key, message_id) in acks {
             self.change(key, version, |e| e.read_up_to(message_id));
         }
         acks.len() as u32
@@ -834,7 +846,7 @@ impl<E: Entries> UserReadStates<E> {
 
     /// One parent per thread entry (what every read of them relies on).
     fn debug_check_parents(&self) {
-        let threads = self.entries.len() - first_thread(&self.entries);
+        let threads = thread_count(&self.entries);
         debug_assert_eq!(self.entries.parents().len(), threads, "a parent per thread");
     }
 

@@ -14,7 +14,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use crate::read_state::{Entries, Key, ReadState, first_thread};
+use crate::read_state::{Entries, Key, ReadState, thread_count};
 
 /// The most bytes of read states in one chunk (a larger block has a chunk
 /// of its own).
@@ -295,7 +295,7 @@ impl<'a> Stored<'a> {
             parents_block,
             threads: 0,
         };
-        stored.threads = len - first_thread(&stored);
+        stored.threads = thread_count(&stored);
         stored
     }
 
@@ -509,7 +509,7 @@ mod tests {
                 }
             }
             // Parents are stored whole, one per thread entry (the last ones).
-            let threads = model.len() - first_thread(&model);
+            let threads = thread_count(&model);
             let kept: Vec<u64> = (0..threads).map(|i| step * 1_000 + i as u64).collect();
             model.set_parents(&kept);
             stored.set_parents(&kept);

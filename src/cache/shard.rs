@@ -21,7 +21,7 @@ use tokio::time::{Duration, Instant};
 use super::arena::{Arena, Block, Stored};
 use super::users::{CachedUser, Flags, Slot, Users};
 use crate::channel_states::ChannelStates;
-use crate::read_state::{Entries, UserReadStates, UserView, first_thread};
+use crate::read_state::{Entries, UserReadStates, UserView, thread_count};
 use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
@@ -220,7 +220,7 @@ impl Shard {
     fn view(&self, slot: Slot) -> UserView<'_> {
         let user = self.users.get(slot);
         let entries = self.arena.get(user.block, user.len as usize);
-        let threads = entries.len() - first_thread(entries);
+        let threads = thread_count(entries);
         let parents = match self.parent_blocks.get(&user.user_id) {
             Some(&block) => self.parents.get(block, threads),
             None => &[],
@@ -268,7 +268,7 @@ impl Shard {
             self.pins_beyond.remove(&user.user_id);
         }
         let entries = self.arena.get(user.block, user.len as usize);
-        let threads = entries.len() - first_thread(entries);
+        let threads = thread_count(entries);
         self.arena.free(user.block, user.len as usize);
         if let Some(block) = self.parent_blocks.remove(&user.user_id) {
             self.parents.free(block, threads);

@@ -71,17 +71,7 @@ impl Router {
         let mut refusal = None;
         for _ in 0..2 {
             let answer = match self.destination(channel_id) {
-                None => match handle(cache, &request).await {
-                    Err(Error::NotServed {
-                        state: SlotState::Acquiring,
-                        ..
-                    }) if self.hold(channel_id, until).await => handle(cache, &request).await,
-                    other => other,
-                }
-                .map_err(|error| match &error {
-                    Error::NotServed { user_id, .. } => self.refusal(&error, *user_id),
-                    _ => Status::from(error),
-                }),
+                None => self.change_here(cache, &request, until).await,
                 Some(owner) => self.ask_owner(&owner, request, until).await,
             };
             match answer {
@@ -110,6 +100,27 @@ impl Router {
             }
         }
         Err(refusal.unwrap_or_else(|| Status::unavailable("the channel's owner refused")))
+    }
+
+    /// The owner's part, here: held while this node acquires the channel's
+    /// slot, refused (UNAVAILABLE, with the owner) if it does not serve it.
+    pub async fn change_here(
+        &self,
+        cache: &Cache,
+        request: &ChangeChannelRequest,
+        until: Option<Instant>,
+    ) -> Result<ChangeChannelResponse, Status> {
+        let result = match handle(cache, request).await {
+            Err(Error::NotServed {
+                state: SlotState::Acquiring,
+                ..
+            }) if self.hold(request.channel_id, until).await => handle(cache, request).await,
+            other => other,
+        };
+        result.map_err(|error| match &error {
+            Error::NotServed { user_id, .. } => self.refusal(&error, *user_id),
+            _ => Status::from(error),
+        })
     }
 
     /// `Fleet.ChangeChannel` at `owner`, within what is left until `until`.

@@ -7,9 +7,8 @@
 use tonic::{Request, Response, Status, Streaming};
 
 use super::route::Router;
-use super::{change_channel, validate};
+use super::validate;
 use crate::channel_state::ChannelState;
-use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::fleet_server::Fleet;
 use crate::proto::{
@@ -59,19 +58,7 @@ impl Fleet for FleetService {
             .map(|budget| tokio::time::Instant::now() + budget);
         let request = request.into_inner();
         let cache = self.router.member.cache();
-        let mut result = change_channel::handle(cache, &request).await;
-        if let Err(Error::NotServed {
-            state: SlotState::Acquiring,
-            ..
-        }) = result
-            && self.router.hold(request.channel_id, until).await
-        {
-            result = change_channel::handle(cache, &request).await;
-        }
-        result.map(Response::new).map_err(|error| match &error {
-            Error::NotServed { user_id, .. } => self.router.refusal(&error, *user_id),
-            _ => Status::from(error),
-        })
+        (self.router.change_here(cache, &request, until).await).map(Response::new)
     }
 
     async fn copy_channels(

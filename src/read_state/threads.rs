@@ -159,14 +159,7 @@ impl<E: Entries> UserReadStates<E> {
             .filter(|(e, _)| e.mention_count > 0 || e.unread_count > 0)
             .map(|(e, _)| (e.key(), e.counted_up_to()))
             .collect();
-        if acks.is_empty() {
-            return 0;
-        }
-        let version = self.next_version(now_us);
-        for &(key, message_id) in &acks {
-            self.change(key, version, |e| e.read_up_to(message_id));
-        }
-        acks.len() as u32
+        self.read_each(&acks, now_us)
     }
 
     /// Whether the user follows `thread_id`; refused if it is known with
