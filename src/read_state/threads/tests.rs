@@ -228,3 +228,15 @@ fn a_redelivered_reply_does_not_make_a_user_follow_a_thread_they_left() {
     assert_eq!(user.reply(T1, PARENT, 6, Replied::Mentioned, 8), Ok(false));
     assert_eq!(user.follow(T1, PARENT, 6, 9), Ok(true));
 }
+
+#[test]
+fn ids_the_wire_never_sends_make_no_thread_and_no_panic() {
+    let mut user = UserReadStates::default();
+    // A parent of 0: no thread read state without its parent.
+    assert_eq!(user.follow(T1, 0, 1, 1), Ok(false));
+    assert_eq!(user.reply(T1, 0, 5, Replied::Mentioned, 2), Ok(false));
+    assert!(user.get(key(T1)).is_none());
+    // A mention in message 0 follows from 0, not from below it.
+    assert_eq!(user.reply(T1, PARENT, 0, Replied::Mentioned, 3), Ok(true));
+    assert_eq!(user.get(key(T1)).unwrap().last_acked_id, 0);
+}
