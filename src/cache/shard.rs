@@ -104,11 +104,8 @@ pub(crate) struct Shard {
     users: Users,
     /// The users' read states.
     arena: Arena,
-    /// The parent ids of thread read states, and where each user who
-    /// follows threads has them (few users do: a map, not a field of every
-    /// user's record).
+    /// The parent ids of the users' thread read states.
     parents: Arena<u64>,
-    parent_blocks: hashbrown::HashMap<u64, Block>,
     /// Read states (and tombstones) of cached users, see
     /// [`CachedUser::weight`].
     read_states: usize,
@@ -119,7 +116,7 @@ pub(crate) struct Shard {
     evicted: HashSet<u64>,
     /// Users being loaded from the store; late requests wait on the same load.
     pub(crate) loading: HashMap<u64, Loading>,
-    /// Pins of users beyond the `u16::MAX` their record counts (see
+    /// Pins of users beyond the `u8::MAX` their record counts (see
     /// [`CachedUser::pins`]): an entry only while that is full.
     pins_beyond: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
@@ -146,7 +143,8 @@ pub(crate) struct Shard {
     /// The streams watching each watched user, cached or not: a watched user
     /// that is evicted and loaded again is still watched.
     watchers: HashMap<u64, Vec<Subscriber>>,
-    /// Zero of the shard's millisecond clock (see [`CachedUser::since_ms`]).
+    /// Zero of the shard's clocks: milliseconds for write deadlines, seconds
+    /// for [`CachedUser::since_s`].
     epoch: Instant,
     /// The deleted messages this shard's users were lowered for (kept apart
     /// from the users: it outlives their eviction).
@@ -168,7 +166,6 @@ impl Shard {
             users: Users::new(),
             arena: Arena::default(),
             parents: Arena::default(),
-            parent_blocks: hashbrown::HashMap::default(),
             read_states: 0,
             capacity,
             evicted: HashSet::new(),
@@ -199,18 +196,15 @@ impl Shard {
     fn held(&mut self, user_id: u64, touch: bool) -> Option<Slot> {
         let slot = self.users.find(user_id)?;
         if self.users.get(slot).is(Flags::EVICTED) {
-            let user = self.users.get_mut(slot);
-            user.flags.set(Flags::EVICTED, false);
-            let weight = user.weight();
+            let weight = self.users.get(slot).weight();
             self.evicted.remove(&user_id);
             self.evicted_total.fetch_sub(weight, Ordering::Relaxed);
-            self.users.link(slot);
+            self.users.restore(slot);
             self.read_states += weight;
             self.evict_over_capacity(slot);
         } else if touch {
-            // Marked, not moved: moving a user in the eviction order
-            // touches its two neighbours, cache misses on every request;
-            // eviction gives a marked user a second chance instead.
+            // Marked in its own record, the one cache line a request
+            // touches anyway: the hand gives it a second chance.
             self.users.get_mut(slot).flags.set(Flags::REFERENCED, true);
         }
         Some(slot)
@@ -221,10 +215,7 @@ impl Shard {
         let user = self.users.get(slot);
         let entries = self.arena.get(user.block, user.len as usize);
         let threads = thread_count(entries);
-        let parents = match self.parent_blocks.get(&user.user_id) {
-            Some(&block) => self.parents.get(block, threads),
-            None => &[],
-        };
+        let parents = self.parents.get(user.parents, threads);
         UserView::new(user.header(), entries, parents)
     }
 
@@ -237,32 +228,22 @@ impl Shard {
     ) -> R {
         let user = self.users.get(slot);
         let (header, block, len) = (user.header(), user.block, user.len as usize);
-        let user_id = user.user_id;
-        let parents = (self.parent_blocks.get(&user_id).copied()).unwrap_or(Block::EMPTY);
+        let parents = user.parents;
         let stored = Stored::new(&mut self.arena, block, len, &mut self.parents, parents);
         let mut states = UserReadStates::from_parts(header, stored);
         let result = f(&mut states);
         let (header, stored) = states.into_parts();
         let (block, len, parents) = stored.place();
-        self.place_parents(user_id, parents);
         let user = self.users.get_mut(slot);
         user.set_header(header);
-        (user.block, user.len) = (block, len as u32);
+        (user.block, user.len, user.parents) = (block, len as u32, parents);
         result
-    }
-
-    /// Notes where `user_id`'s parents are now.
-    fn place_parents(&mut self, user_id: u64, parents: Block) {
-        match parents {
-            Block::EMPTY => self.parent_blocks.remove(&user_id),
-            block => self.parent_blocks.insert(user_id, block),
-        };
     }
 
     /// Drops a user and its read states.
     fn forget(&mut self, slot: Slot) {
         let user = self.users.remove(slot);
-        if user.pins == u16::MAX {
+        if user.pins == u8::MAX {
             // Let go while pinned (a release): the pins' holders see that
             // by the slot's generation.
             self.pins_beyond.remove(&user.user_id);
@@ -270,15 +251,27 @@ impl Shard {
         let entries = self.arena.get(user.block, user.len as usize);
         let threads = thread_count(entries);
         self.arena.free(user.block, user.len as usize);
-        if let Some(block) = self.parent_blocks.remove(&user.user_id) {
-            self.parents.free(block, threads);
-        }
+        self.parents.free(user.parents, threads);
     }
 
     /// The shard's millisecond clock at `now`; it wraps after 49 days, so
     /// only ages below that are told apart.
     fn millis(&self, now: Instant) -> u32 {
         now.saturating_duration_since(self.epoch).as_millis() as u32
+    }
+
+    /// The shard's second clock at `now`, rounded down; it wraps after 18
+    /// hours, so only ages below that are told apart.
+    fn seconds(&self, now: Instant) -> u16 {
+        now.saturating_duration_since(self.epoch).as_secs() as u16
+    }
+
+    /// How long ago `since` (of [`Shard::seconds`]) was at `now`, rounded
+    /// up: a deadline taken from it is never late.
+    fn age(&self, since: u16, now: Instant) -> Duration {
+        let now = now.saturating_duration_since(self.epoch);
+        let now_s = (now.as_secs() as u16).wrapping_add(u16::from(now.subsec_nanos() > 0));
+        Duration::from_secs(now_s.wrapping_sub(since).into())
     }
 
     /// [`Shard::millis`], rounded up: a deadline is never early.
@@ -340,10 +333,10 @@ impl Shard {
         // every change to a user already waiting.
         let starts = !user.is(Flags::UNWRITTEN_SINCE);
         let now = (schedule || starts).then(Instant::now);
-        let since_ms = now.map(|now| self.millis(now));
+        let since_s = now.map(|now| self.seconds(now));
         let user = self.users.get_mut(slot);
-        if let (true, Some(since_ms)) = (starts, since_ms) {
-            user.since_ms = since_ms;
+        if let (true, Some(since_s)) = (starts, since_s) {
+            user.since_s = since_s;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
         user.flags.set(Flags::QUEUED, true);
@@ -464,8 +457,8 @@ impl Shard {
     fn add_pins(&mut self, slot: Slot, pins: u32) {
         let user = self.users.get_mut(slot);
         let total = u32::from(user.pins) + pins;
-        user.pins = u16::try_from(total).unwrap_or(u16::MAX);
-        if let Some(beyond) = total.checked_sub(u32::from(u16::MAX))
+        user.pins = u8::try_from(total).unwrap_or(u8::MAX);
+        if let Some(beyond) = total.checked_sub(u32::from(u8::MAX))
             && beyond > 0
         {
             *self.pins_beyond.entry(user.user_id).or_default() += beyond;
@@ -475,7 +468,7 @@ impl Shard {
     /// Takes one pin off a user; whether it is pinned no more.
     fn remove_pin(&mut self, slot: Slot) -> bool {
         let user = self.users.get_mut(slot);
-        if user.pins == u16::MAX
+        if user.pins == u8::MAX
             && let Some(beyond) = self.pins_beyond.get_mut(&user.user_id)
         {
             *beyond -= 1;
@@ -550,40 +543,37 @@ impl Shard {
         let (header, entries) = states.into_parts();
         user.set_header(header);
         user.block = self.arena.put(Block::EMPTY, 0, &entries);
-        let parents = self.parents.put(Block::EMPTY, 0, entries.parents());
-        self.place_parents(user_id, parents);
+        user.parents = self.parents.put(Block::EMPTY, 0, entries.parents());
         user.len = entries.len() as u32;
         user
     }
 
-    /// Evicts least recently used users until the shard is within capacity,
-    /// never `keep` (the user being served) nor a pinned user: those are
-    /// moved to the front, and if only they are left the shard overflows
-    /// until they are let go. Unwritten users stay as evicted ones, queued
-    /// to be written now.
+    /// Evicts users until the shard is within capacity, by CLOCK: the hand
+    /// sweeps the cached users, unmarks a used one and evicts one that was
+    /// not used since it last passed. Never `keep` (the user being served)
+    /// nor a pinned user: if only they are left the shard overflows until
+    /// they are let go. Unwritten users stay as evicted ones, queued to be
+    /// written now.
     fn evict_over_capacity(&mut self, keep: Slot) {
+        // Spared in a row: once every cached user is, none can go.
         let mut spared = 0;
         while self.read_states > self.capacity {
-            let Some(oldest) = self.users.lru() else {
+            let Some(slot) = self.users.next_for_eviction() else {
                 break;
             };
-            let user = self.users.get(oldest);
-            if oldest == keep || user.pins > 0 {
+            let user = self.users.get(slot);
+            if slot == keep || user.pins > 0 {
                 spared += 1;
-                if spared >= self.users.linked() {
+                if spared > self.users.cached() {
                     break;
                 }
-                self.users.requeue(oldest);
                 continue;
             }
+            spared = 0;
             if user.is(Flags::REFERENCED) {
-                // Used since it was last here: to the back, unmarked (each
-                // user once, so the loop ends).
-                self.users
-                    .get_mut(oldest)
-                    .flags
-                    .set(Flags::REFERENCED, false);
-                self.users.requeue(oldest);
+                // Used since the hand last passed: unmarked (each user once,
+                // so the loop ends).
+                self.users.get_mut(slot).flags.set(Flags::REFERENCED, false);
                 continue;
             }
             let (user_id, weight) = (user.user_id, user.weight());
@@ -591,15 +581,13 @@ impl Shard {
             self.read_states -= weight;
             self.stats.evictions += 1;
             if !(user.has_unwritten() || in_flight) {
-                self.forget(oldest);
+                self.forget(slot);
                 continue;
             }
             self.stats.evictions_unwritten += 1;
-            self.users.unlink(oldest);
-            let user = self.users.get_mut(oldest);
-            user.flags.set(Flags::EVICTED, true);
+            self.users.evict(slot);
             if !in_flight {
-                user.flags.set(Flags::QUEUED, true);
+                self.users.get_mut(slot).flags.set(Flags::QUEUED, true);
                 self.ready.push_back(user_id);
                 self.wake = true;
             }
@@ -733,16 +721,16 @@ impl Shard {
             (len, weight(states), states.unwritten_change())
         });
         let still_unwritten = self.users.get(slot).has_unwritten();
-        let now_ms = (still_unwritten && version.is_some()).then(|| self.millis(Instant::now()));
+        let now_s = (still_unwritten && version.is_some()).then(|| self.seconds(Instant::now()));
         let user = self.users.get_mut(slot);
         // An evicted user stays while a write-behind write of it is under
         // way (also one backing off): that write still has to find it.
         let in_flight = user.is(Flags::IN_FLIGHT);
         if !still_unwritten {
             user.flags.set(Flags::UNWRITTEN_SINCE, false);
-        } else if let Some(now_ms) = now_ms {
+        } else if let Some(now_s) = now_s {
             // What is left was changed while the write was under way.
-            user.since_ms = now_ms;
+            user.since_s = now_s;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
         let requeue = requeue && still_unwritten && !user.is(Flags::QUEUED) && version.is_some();
@@ -841,11 +829,10 @@ impl Shard {
     pub(crate) fn gauges(&mut self) -> ShardGauges {
         self.drop_stale_delayed();
         let now = Instant::now();
-        let now_ms = self.millis(now);
         let age = |id: &u64| {
             let user = self.users.get(self.users.find(*id)?);
             user.is(Flags::UNWRITTEN_SINCE)
-                .then(|| now_ms.wrapping_sub(user.since_ms))
+                .then(|| self.age(user.since_s, now))
         };
         let oldest_unwritten = self
             .delayed
@@ -857,9 +844,9 @@ impl Shard {
             .chain(self.evicted.iter())
             .filter_map(age)
             .max()
-            .and_then(|age| now.checked_sub(Duration::from_millis(age.into())));
+            .and_then(|age| now.checked_sub(age));
         ShardGauges {
-            users: self.users.linked(),
+            users: self.users.cached(),
             watched: self.watchers.len(),
             read_states: self.read_states,
             unwritten: self.unwritten,
@@ -916,7 +903,7 @@ mod tests {
         let store = Arc::new(crate::store::memory::MemoryStore::new());
         let channels = ChannelStates::new(store, Duration::ZERO);
         let mut shard = Shard::new(10, Arc::new(AtomicUsize::new(0)), deletions, channels);
-        let pins = u32::from(u16::MAX) + 5;
+        let pins = u32::from(u8::MAX) + 5;
         shard.insert_loaded(1, user_with(10), pins);
         for _ in 1..pins {
             shard.unpin(1, None);

@@ -1,21 +1,21 @@
 //! The users of one shard: packed records in a slab, found by user id
-//! through an index of slab positions, and kept in eviction order by links
-//! inside the records.
+//! through an index of slab positions, and evicted by a CLOCK hand that
+//! sweeps the slab.
 //!
-//! Per user this costs its record and about two `u32` index buckets, with
-//! no allocation of its own (an `lru::LruCache` costs a boxed node with two
-//! pointers and a hash slot of a key and a pointer).
+//! Per user this costs its 48-byte record and about two `u32` index
+//! buckets, with no allocation of its own (an `lru::LruCache` costs a boxed
+//! node with two pointers and a hash slot of a key and a pointer). The hand
+//! needs no links between records: a used user is marked in its own record
+//! (`REFERENCED`), and the hand gives a marked user a second chance.
 
 use hashbrown::HashTable;
 
 use super::arena::Block;
 use crate::read_state::Header;
 
-/// No record: the end of the LRU list.
-const NIL: u32 = u32::MAX;
-
 /// A cached user: its versions and write-behind state, packed. Its read
-/// states are in the shard's arena, at `block`.
+/// states are in the shard's arena, at `block`, and the parent ids of its
+/// thread read states in the shard's parents arena, at `parents`.
 #[derive(Clone, Debug)]
 pub(crate) struct CachedUser {
     pub(crate) user_id: u64,
@@ -26,15 +26,18 @@ pub(crate) struct CachedUser {
     pub(crate) block: Block,
     /// Read states and tombstones in `block`.
     pub(crate) len: u32,
-    /// When its oldest unwritten change was made, in milliseconds of the
-    /// shard's clock (see `Shard::millis`), if `UNWRITTEN_SINCE` is set.
-    pub(crate) since_ms: u32,
-    prev: u32,
-    next: u32,
+    /// One per thread read state in `block`, in their order (`EMPTY` for a
+    /// user who follows no thread).
+    pub(crate) parents: Block,
+    /// When its oldest unwritten change was made, in seconds of the shard's
+    /// clock (see `Shard::seconds`), if `UNWRITTEN_SINCE` is set. Seconds
+    /// keep the record at 48 bytes; it only tells how long a user has
+    /// waited (a gauge, and a handoff's deadline), to a second.
+    pub(crate) since_s: u16,
     /// Requests that hold it from their load to their change (see
-    /// `Cache::update_many`): it is not evicted while pinned. At `u16::MAX`
+    /// `Cache::update_many`): it is not evicted while pinned. At `u8::MAX`
     /// the shard counts the rest (see `Shard::pins_beyond`).
-    pub(crate) pins: u16,
+    pub(crate) pins: u8,
     pub(crate) flags: Flags,
 }
 
@@ -43,7 +46,7 @@ pub(crate) struct CachedUser {
 pub(crate) struct Flags(u8);
 
 impl Flags {
-    /// `since_ms` holds when its oldest unwritten change was made.
+    /// `since_s` holds when its oldest unwritten change was made.
     pub(crate) const UNWRITTEN_SINCE: Flags = Flags(1);
     /// There is an entry for it in a write-behind queue (maybe a stale one).
     pub(crate) const QUEUED: Flags = Flags(1 << 1);
@@ -52,14 +55,16 @@ impl Flags {
     pub(crate) const IN_FLIGHT: Flags = Flags(1 << 2);
     /// Some stream watches it: the one check a change pays when nobody does.
     pub(crate) const WATCHED: Flags = Flags(1 << 3);
-    /// Evicted with unwritten changes: out of the LRU order, kept until
+    /// Evicted with unwritten changes: passed over by the hand, kept until
     /// written so that a request for it sees its latest state.
     pub(crate) const EVICTED: Flags = Flags(1 << 4);
     /// A "delete all" at `delta_floor` is not written yet.
     pub(crate) const CLEAR_PENDING: Flags = Flags(1 << 5);
-    /// Used since it last came to the front of the eviction order: it goes
-    /// to the back instead of being evicted (a second chance).
+    /// Used since the hand last passed it: the hand unmarks it instead of
+    /// evicting it (a second chance).
     pub(crate) const REFERENCED: Flags = Flags(1 << 6);
+    /// No user: a slab position given back, waiting for reuse.
+    const VACANT: Flags = Flags(1 << 7);
 
     pub(crate) fn has(self, flag: Flags) -> bool {
         self.0 & flag.0 != 0
@@ -75,6 +80,8 @@ impl Flags {
 }
 
 impl CachedUser {
+    /// A user just cached: marked used, so that the hand does not take it
+    /// on its first pass, as a list would have it last.
     pub(crate) fn new(user_id: u64) -> CachedUser {
         CachedUser {
             user_id,
@@ -83,11 +90,10 @@ impl CachedUser {
             delta_floor: 0,
             block: Block::EMPTY,
             len: 0,
-            since_ms: 0,
-            prev: NIL,
-            next: NIL,
+            parents: Block::EMPTY,
+            since_s: 0,
             pins: 0,
-            flags: Flags::default(),
+            flags: Flags::REFERENCED,
         }
     }
 
@@ -122,12 +128,17 @@ impl CachedUser {
     pub(crate) fn weight(&self) -> usize {
         (self.len as usize).max(1)
     }
+
+    /// In the hand's sweep: neither evicted nor a vacant position.
+    fn is_cached(&self) -> bool {
+        !self.is(Flags::EVICTED) && !self.is(Flags::VACANT)
+    }
 }
 
 /// Where a user is in the slab.
 pub(crate) type Slot = u32;
 
-/// Records per slab chunk (56 KiB): the slab grows a chunk at a time, and
+/// Records per slab chunk (48 KiB): the slab grows a chunk at a time, and
 /// never copies more than a chunk.
 const CHUNK: usize = 1024;
 
@@ -136,13 +147,13 @@ const CHUNK: usize = 1024;
 pub(crate) struct Users {
     /// Chunks of `CHUNK` records, the last one filling up.
     slab: Vec<Vec<CachedUser>>,
-    /// Slab positions given back, reused first.
+    /// Slab positions given back (flagged `VACANT`), reused first.
     vacant: Vec<Slot>,
     index: HashTable<Slot>,
-    /// Least recently used first; evicted users are not linked.
-    head: u32,
-    tail: u32,
-    linked: usize,
+    /// The slab position the eviction hand looks at next.
+    hand: Slot,
+    /// Users the hand sweeps: cached, not evicted.
+    cached: usize,
 }
 
 /// Spreads snowflake ids (timestamp high, counters low) over the whole
@@ -156,16 +167,12 @@ fn hash(user_id: u64) -> u64 {
 
 impl Users {
     pub(crate) fn new() -> Users {
-        Users {
-            head: NIL,
-            tail: NIL,
-            ..Users::default()
-        }
+        Users::default()
     }
 
-    /// Users in the LRU order (cached, not evicted).
-    pub(crate) fn linked(&self) -> usize {
-        self.linked
+    /// Users the hand sweeps (cached, not evicted).
+    pub(crate) fn cached(&self) -> usize {
+        self.cached
     }
 
     pub(crate) fn find(&self, user_id: u64) -> Option<Slot> {
@@ -184,8 +191,16 @@ impl Users {
         &mut self.slab[slot / CHUNK][slot % CHUNK]
     }
 
-    /// Adds a user not held yet, most recently used.
+    /// Slab positions, vacant ones included.
+    fn positions(&self) -> usize {
+        self.slab
+            .last()
+            .map_or(0, |chunk| (self.slab.len() - 1) * CHUNK + chunk.len())
+    }
+
+    /// Adds a user not held yet, cached.
     pub(crate) fn insert(&mut self, user: CachedUser) -> Slot {
+        debug_assert!(!user.is(Flags::EVICTED) && !user.is(Flags::VACANT));
         let user_id = user.user_id;
         let slot = match self.vacant.pop() {
             Some(slot) => {
@@ -209,16 +224,16 @@ impl Users {
             let s = s as usize;
             hash(slab[s / CHUNK][s % CHUNK].user_id)
         });
-        self.link(slot);
+        self.cached += 1;
         slot
     }
 
-    /// Forgets a user (unlinking it first if linked); returns its record.
+    /// Forgets a user, cached or evicted; returns its record.
     pub(crate) fn remove(&mut self, slot: Slot) -> CachedUser {
-        if !self.get(slot).is(Flags::EVICTED) {
-            self.unlink(slot);
-        }
         let user = self.get(slot).clone();
+        if user.is_cached() {
+            self.cached -= 1;
+        }
         let slab = &self.slab;
         let found = self.index.find_entry(hash(user.user_id), |&s| {
             let s = s as usize;
@@ -227,54 +242,42 @@ impl Users {
         if let Ok(entry) = found {
             entry.remove();
         }
+        self.get_mut(slot).flags = Flags::VACANT;
         self.vacant.push(slot);
         user
     }
 
-    /// The least recently used linked user.
-    pub(crate) fn lru(&self) -> Option<Slot> {
-        (self.head != NIL).then_some(self.head)
-    }
-
-    /// Moves a linked user to the back of the eviction order.
-    pub(crate) fn requeue(&mut self, slot: Slot) {
-        if self.tail != slot {
-            self.unlink(slot);
-            self.link(slot);
+    /// Moves the hand to the next cached user and returns it; `None` if
+    /// no user is cached.
+    pub(crate) fn next_for_eviction(&mut self) -> Option<Slot> {
+        if self.cached == 0 {
+            return None;
+        }
+        let positions = self.positions() as Slot;
+        // A cached user is met within one sweep of the slab.
+        loop {
+            let slot = if self.hand >= positions { 0 } else { self.hand };
+            self.hand = slot + 1;
+            if self.get(slot).is_cached() {
+                return Some(slot);
+            }
         }
     }
 
-    /// Takes a user out of the LRU order (evicted, still held).
-    pub(crate) fn unlink(&mut self, slot: Slot) {
-        let (prev, next) = {
-            let user = self.get(slot);
-            (user.prev, user.next)
-        };
-        match prev {
-            NIL => self.head = next,
-            prev => self.get_mut(prev).next = next,
-        }
-        match next {
-            NIL => self.tail = prev,
-            next => self.get_mut(next).prev = prev,
-        }
-        self.linked -= 1;
+    /// Takes a cached user out of the hand's sweep (evicted, still held).
+    pub(crate) fn evict(&mut self, slot: Slot) {
+        debug_assert!(self.get(slot).is_cached());
+        self.get_mut(slot).flags.set(Flags::EVICTED, true);
+        self.cached -= 1;
     }
 
-    /// Puts an unlinked user in the LRU order, most recently used.
-    pub(crate) fn link(&mut self, slot: Slot) {
-        let tail = self.tail;
-        {
-            let user = self.get_mut(slot);
-            user.prev = tail;
-            user.next = NIL;
-        }
-        match tail {
-            NIL => self.head = slot,
-            tail => self.get_mut(tail).next = slot,
-        }
-        self.tail = slot;
-        self.linked += 1;
+    /// Caches an evicted user again, marked used.
+    pub(crate) fn restore(&mut self, slot: Slot) {
+        let user = self.get_mut(slot);
+        debug_assert!(user.is(Flags::EVICTED));
+        user.flags.set(Flags::EVICTED, false);
+        user.flags.set(Flags::REFERENCED, true);
+        self.cached += 1;
     }
 
     /// Every user held, cached and evicted, in no order.
@@ -288,45 +291,55 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_record_is_56_bytes() {
-        assert_eq!(size_of::<CachedUser>(), 56);
+    fn a_record_is_48_bytes() {
+        assert_eq!(size_of::<CachedUser>(), 48);
     }
 
-    fn order(users: &Users) -> Vec<u64> {
-        let mut ids = Vec::new();
-        let mut slot = users.head;
-        while slot != NIL {
-            ids.push(users.get(slot).user_id);
-            slot = users.get(slot).next;
-        }
-        ids
+    /// The hand's next `n` picks, as user ids.
+    fn picks(users: &mut Users, n: usize) -> Vec<u64> {
+        (0..n)
+            .map(|_| {
+                let slot = users.next_for_eviction().expect("a cached user");
+                users.get(slot).user_id
+            })
+            .collect()
     }
 
     #[test]
-    fn users_are_found_and_kept_in_lru_order() {
+    fn users_are_found_and_swept_in_slab_order_skipping_evicted_and_vacant_ones() {
         let mut users = Users::new();
+        assert_eq!(users.next_for_eviction(), None);
         let slots: Vec<Slot> = (1..=5u64)
             .map(|id| users.insert(CachedUser::new(id << 22)))
             .collect();
-        assert_eq!(order(&users), [1, 2, 3, 4, 5].map(|id| id << 22));
-        users.requeue(slots[1]);
-        users.requeue(slots[4]);
-        assert_eq!(order(&users), [1, 3, 4, 2, 5].map(|id| id << 22));
-        users.unlink(slots[0]);
-        assert_eq!(users.lru(), Some(slots[2]));
-        assert_eq!((users.iter().count(), users.linked()), (5, 4));
-        users.link(slots[0]);
-        assert_eq!(order(&users), [3, 4, 2, 5, 1].map(|id| id << 22));
+        assert_eq!(
+            picks(&mut users, 7),
+            [1, 2, 3, 4, 5, 1, 2].map(|id| id << 22)
+        );
+        users.evict(slots[3]);
+        assert_eq!(picks(&mut users, 4), [3, 5, 1, 2].map(|id| id << 22));
+        assert_eq!((users.iter().count(), users.cached()), (5, 4));
+        users.restore(slots[3]);
+        assert!(users.get(slots[3]).is(Flags::REFERENCED));
+        assert_eq!(picks(&mut users, 3), [3, 4, 5].map(|id| id << 22));
 
-        let removed = users.remove(slots[3]);
-        assert_eq!(removed.user_id, 4 << 22);
-        assert_eq!(users.find(4 << 22), None);
-        assert_eq!(order(&users), [3, 2, 5, 1].map(|id| id << 22));
+        let removed = users.remove(slots[1]);
+        assert_eq!(removed.user_id, 2 << 22);
+        assert_eq!(users.find(2 << 22), None);
+        assert_eq!(picks(&mut users, 4), [1, 3, 4, 5].map(|id| id << 22));
         // The slot is reused, and found under its new user.
         let slot = users.insert(CachedUser::new(9));
-        assert_eq!(slot, slots[3]);
+        assert_eq!(slot, slots[1]);
         assert_eq!(users.find(9), Some(slot));
         assert_eq!(users.find(5 << 22), Some(slots[4]));
-        assert_eq!(users.iter().count(), 5);
+        assert_eq!((users.iter().count(), users.cached()), (5, 5));
+        assert_eq!(picks(&mut users, 2), [1 << 22, 9]);
+
+        // Evicted users and vacant positions only: nothing to pick.
+        for slot in [slots[0], slots[1], slots[2], slots[3]] {
+            users.remove(slot);
+        }
+        users.evict(slots[4]);
+        assert_eq!(users.next_for_eviction(), None);
     }
 }

@@ -17,7 +17,7 @@ impl Shard {
     /// was `sent` of them (users not held are skipped): read states,
     /// versions, and how long their unwritten changes have waited.
     pub(crate) fn export(&self, ids: &[u64], sent: &Sent) -> Vec<HandedUser> {
-        let now_ms = self.millis(Instant::now());
+        let now = Instant::now();
         ids.iter()
             .filter_map(|&user_id| {
                 let slot = self.users.find(user_id)?;
@@ -28,7 +28,7 @@ impl Shard {
                     return None;
                 }
                 let unwritten_for = (user.has_unwritten() && user.is(Flags::UNWRITTEN_SINCE))
-                    .then(|| Duration::from_millis(u64::from(now_ms.wrapping_sub(user.since_ms))));
+                    .then(|| self.age(user.since_s, now));
                 Some(HandedUser {
                     user_id,
                     states: UserReadStates::from_parts(
@@ -71,7 +71,7 @@ impl Shard {
             let since = now
                 .checked_sub(unwritten_for.unwrap_or_default())
                 .unwrap_or(now);
-            user.since_ms = self.millis(since);
+            user.since_s = self.seconds(since);
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
             user.flags.set(Flags::QUEUED, true);
             // Due earlier than what `delayed` holds last, maybe: kept apart
