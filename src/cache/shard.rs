@@ -35,13 +35,15 @@ struct Subscriber {
     version: u64,
 }
 
-/// A user to write at `due_ms` (the shard's millisecond clock): 12 bytes,
-/// one per user with unwritten changes.
+/// A user to write at `due_ms` (the shard's millisecond clock): 8 bytes,
+/// one per user with unwritten changes. The user is named by its slab
+/// position, half a user id: an entry outlives nothing it needs, since a
+/// position is reused only once its user left clean, and then at worst
+/// writes the new user early (as any stale entry may, see `next_due`).
 #[derive(Clone, Copy, Debug)]
-#[repr(C, packed(4))]
 struct Delayed {
     due_ms: u32,
-    user_id: u64,
+    slot: Slot,
 }
 
 /// The result of a load shared by every request that waited for it.
@@ -345,7 +347,7 @@ impl Shard {
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             let due_ms = self.millis_ceil(now + write_delay);
-            self.delayed.push_back(Delayed { due_ms, user_id });
+            self.delayed.push_back(Delayed { due_ms, slot });
         }
         if let Some(change) = change {
             self.publish(change);
@@ -609,14 +611,17 @@ impl Shard {
                 user_id
             } else {
                 match self.delayed.front().copied() {
-                    Some(Delayed { due_ms, user_id }) => {
+                    Some(Delayed { due_ms, slot }) => {
                         let wait = due_ms.wrapping_sub(self.millis(now)) as i32;
                         if wait > 0 {
                             let due = now + Duration::from_millis(wait as u64);
                             return Due::Wait(Some(handed.map_or(due, |h| h.min(due))));
                         }
                         self.delayed.pop_front();
-                        user_id
+                        match self.users.occupant(slot) {
+                            Some(user) => user.user_id,
+                            None => continue,
+                        }
                     }
                     None => return Due::Wait(handed),
                 }
@@ -635,8 +640,8 @@ impl Shard {
     /// nothing left to write (written on eviction, or by write-through), so
     /// that the front is the oldest unwritten change.
     fn drop_stale_delayed(&mut self) {
-        while let Some(&Delayed { user_id, .. }) = self.delayed.front() {
-            if let Some(slot) = self.users.find(user_id) {
+        while let Some(&Delayed { slot, .. }) = self.delayed.front() {
+            if self.users.occupant(slot).is_some() {
                 let user = self.users.get_mut(slot);
                 if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
                     return;
@@ -837,7 +842,8 @@ impl Shard {
         let oldest_unwritten = self
             .delayed
             .front()
-            .map(|delayed| delayed.user_id)
+            .and_then(|delayed| self.users.occupant(delayed.slot))
+            .map(|user| user.user_id)
             .iter()
             .chain(self.ready.iter())
             .chain(self.in_flight.iter())

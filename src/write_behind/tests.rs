@@ -539,3 +539,42 @@ async fn a_user_left_in_the_eviction_buffer_while_written_is_let_go() {
     assert_eq!(report, ShutdownReport { unwritten: 0 });
     assert_eq!(store.load(1).await.unwrap().read_states[0].unread_count, 2);
 }
+
+/// A queued write names its user by slab position, which a user evicted and
+/// written gives back: the entry then finds another user there, or none,
+/// and may write it early, never late, and nothing is lost.
+#[tokio::test(start_paused = true)]
+async fn a_queued_write_whose_user_left_its_slot_writes_the_next_one_early_and_loses_nothing() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, _write_behind) = start_one_shard(store.clone(), 1, DELAY, 32);
+    message(&cache, 1, 1, 10).await.unwrap(); // queued, due at 30 s
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    message(&cache, 2, 1, 20).await.unwrap(); // evicts user 1: written now, let go
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    message(&cache, 3, 1, 30).await.unwrap(); // in user 1's position; user 2 goes
+    settle().await;
+    let written =
+        |store: &FaultyStore| -> Vec<u64> { store.writes().iter().map(|w| w.user_id).collect() };
+    assert_eq!(written(&store), [1, 2], "evicted users are written at once");
+
+    // User 1's entry, due at 30 s, finds user 3 (due at 32 s) in its place.
+    tokio::time::sleep(DELAY - Duration::from_secs(2) + ms(1)).await;
+    settle().await;
+    assert_eq!(
+        written(&store),
+        [1, 2, 3],
+        "written early, by the stale entry"
+    );
+    tokio::time::sleep(DELAY).await;
+    settle().await;
+    assert_eq!(written(&store), [1, 2, 3], "and once");
+    assert_eq!(cache.unwritten(), 0);
+    for (user_id, message_id) in [(1, 10), (2, 20), (3, 30)] {
+        let stored = store.load(user_id).await.unwrap();
+        assert_eq!(
+            stored.read_states[0].last_message_id, message_id,
+            "user {user_id}"
+        );
+    }
+}
