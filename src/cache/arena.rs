@@ -295,7 +295,12 @@ impl<'a> Stored<'a> {
             parents_block,
             threads: 0,
         };
-        stored.threads = thread_count(&stored);
+        // A user who follows no thread has no parents' block: its read
+        // states are not searched (the search is a cold miss or two on
+        // every change).
+        if parents_block != Block::EMPTY {
+            stored.threads = thread_count(&stored);
+        }
         stored
     }
 
