@@ -35,15 +35,13 @@ struct Subscriber {
     version: u64,
 }
 
-/// A user to write at `due_ms` (the shard's millisecond clock): 8 bytes,
-/// one per user with unwritten changes. The user is named by its slab
-/// position, half a user id: an entry outlives nothing it needs, since a
-/// position is reused only once its user left clean, and then at worst
-/// writes the new user early (as any stale entry may, see `next_due`).
+/// A user to write at `due_ms` (the shard's millisecond clock): 12 bytes,
+/// one per user with unwritten changes.
 #[derive(Clone, Copy, Debug)]
+#[repr(C, packed(4))]
 struct Delayed {
     due_ms: u32,
-    slot: Slot,
+    user_id: u64,
 }
 
 /// How many of `user`'s `entries` are threads': none without a parents'
@@ -356,7 +354,7 @@ impl Shard {
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             let due_ms = self.millis_ceil(now + write_delay);
-            self.delayed.push_back(Delayed { due_ms, slot });
+            self.delayed.push_back(Delayed { due_ms, user_id });
         }
         if let Some(change) = change {
             self.publish(change);
@@ -620,17 +618,14 @@ impl Shard {
                 user_id
             } else {
                 match self.delayed.front().copied() {
-                    Some(Delayed { due_ms, slot }) => {
+                    Some(Delayed { due_ms, user_id }) => {
                         let wait = due_ms.wrapping_sub(self.millis(now)) as i32;
                         if wait > 0 {
                             let due = now + Duration::from_millis(wait as u64);
                             return Due::Wait(Some(handed.map_or(due, |h| h.min(due))));
                         }
                         self.delayed.pop_front();
-                        match self.users.occupant(slot) {
-                            Some(user) => user.user_id,
-                            None => continue,
-                        }
+                        user_id
                     }
                     None => return Due::Wait(handed),
                 }
@@ -649,8 +644,8 @@ impl Shard {
     /// nothing left to write (written on eviction, or by write-through), so
     /// that the front is the oldest unwritten change.
     fn drop_stale_delayed(&mut self) {
-        while let Some(&Delayed { slot, .. }) = self.delayed.front() {
-            if self.users.occupant(slot).is_some() {
+        while let Some(&Delayed { user_id, .. }) = self.delayed.front() {
+            if let Some(slot) = self.users.find(user_id) {
                 let user = self.users.get_mut(slot);
                 if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
                     return;
@@ -851,8 +846,7 @@ impl Shard {
         let oldest_unwritten = self
             .delayed
             .front()
-            .and_then(|delayed| self.users.occupant(delayed.slot))
-            .map(|user| user.user_id)
+            .map(|delayed| delayed.user_id)
             .iter()
             .chain(self.ready.iter())
             .chain(self.in_flight.iter())

@@ -191,11 +191,6 @@ impl Users {
         &mut self.slab[slot / CHUNK][slot % CHUNK]
     }
 
-    /// The user at a slab position, if one is there.
-    pub(crate) fn occupant(&self, slot: Slot) -> Option<&CachedUser> {
-        Some(self.get(slot)).filter(|user| !user.is(Flags::VACANT))
-    }
-
     /// Slab positions, vacant ones included.
     fn positions(&self) -> usize {
         self.slab
