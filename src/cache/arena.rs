@@ -300,6 +300,8 @@ impl<'a> Stored<'a> {
         // every change).
         if parents_block != Block::EMPTY {
             stored.threads = thread_count(&stored);
+        } else {
+            debug_assert_eq!(thread_count(&stored), 0, "threads without parents");
         }
         stored
     }

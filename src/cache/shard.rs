@@ -1,11 +1,12 @@
-//! One shard of the cache: users in eviction order, counted in read states,
-//! and the shard's write-behind queues, all behind the shard's one lock.
-//! The order approximates LRU by CLOCK: a user used is marked, not moved,
-//! and eviction sends a marked user to the back instead (a second chance).
+//! One shard of the cache: its users, counted in read states, and the
+//! shard's write-behind queues, all behind the shard's one lock. Eviction
+//! approximates LRU by CLOCK: a user used is marked in its record, and the
+//! hand that sweeps the users passes a marked one over once (a second
+//! chance).
 //!
 //! Everything here is synchronous and runs under that lock, so it never awaits
-//! and never does I/O: it only moves users between the LRU, the evicted ones
-//! and the queues, and hands out snapshots for the writer to write.
+//! and never does I/O: it only moves users between the cached, the evicted
+//! ones and the queues, and hands out snapshots for the writer to write.
 //!
 //! Users are stored packed (see [`super::users`] and [`super::arena`]); the
 //! domain reads and changes their read states where they are stored.
@@ -48,11 +49,17 @@ struct Delayed {
 /// block, found without searching (a cold miss or two on every request).
 fn threads_of(user: &CachedUser, entries: &[ReadState]) -> usize {
     if user.parents == Block::EMPTY {
+        debug_assert_eq!(thread_count(entries), 0, "threads without parents");
         0
     } else {
         thread_count(entries)
     }
 }
+
+/// The unit of [`CachedUser::since`]: fine enough for a gauge and for a
+/// handoff's deadline (at most two ticks early, never late), coarse enough
+/// that 16 bits last 72 hours, longer than any outage a node rides out.
+const SINCE_TICK: Duration = Duration::from_secs(4);
 
 /// The result of a load shared by every request that waited for it.
 pub(crate) type LoadResult = Option<Result<(), LoadFailure>>;
@@ -109,8 +116,7 @@ pub(crate) struct ShardGauges {
 
 #[derive(Debug)]
 pub(crate) struct Shard {
-    /// Cached users in eviction order, and users evicted with unwritten
-    /// changes.
+    /// Cached users, and users evicted with unwritten changes.
     users: Users,
     /// The users' read states.
     arena: Arena,
@@ -154,7 +160,7 @@ pub(crate) struct Shard {
     /// that is evicted and loaded again is still watched.
     watchers: HashMap<u64, Vec<Subscriber>>,
     /// Zero of the shard's clocks: milliseconds for write deadlines, seconds
-    /// for [`CachedUser::since_s`].
+    /// for [`CachedUser::since`].
     epoch: Instant,
     /// The deleted messages this shard's users were lowered for (kept apart
     /// from the users: it outlives their eviction).
@@ -196,8 +202,8 @@ impl Shard {
         }
     }
 
-    /// Finds a held user and makes it the most recently used, moving it
-    /// back from the evicted ones if it is one.
+    /// Finds a held user and marks it used, moving it back from the evicted
+    /// ones if it is one.
     fn hold(&mut self, user_id: u64) -> Option<Slot> {
         self.held(user_id, true)
     }
@@ -269,18 +275,20 @@ impl Shard {
         now.saturating_duration_since(self.epoch).as_millis() as u32
     }
 
-    /// The shard's second clock at `now`, rounded down; it wraps after 18
-    /// hours, so only ages below that are told apart.
-    fn seconds(&self, now: Instant) -> u16 {
-        now.saturating_duration_since(self.epoch).as_secs() as u16
+    /// The shard's coarse clock at `now`, in ticks of [`SINCE_TICK`],
+    /// rounded down; it wraps after 72 hours, so only ages below that are
+    /// told apart.
+    fn ticks(&self, now: Instant) -> u16 {
+        (now.saturating_duration_since(self.epoch).as_secs() / SINCE_TICK.as_secs()) as u16
     }
 
-    /// How long ago `since` (of [`Shard::seconds`]) was at `now`, rounded
+    /// How long ago `since` (of [`Shard::ticks`]) was at `now`, rounded
     /// up: a deadline taken from it is never late.
     fn age(&self, since: u16, now: Instant) -> Duration {
-        let now = now.saturating_duration_since(self.epoch);
-        let now_s = (now.as_secs() as u16).wrapping_add(u16::from(now.subsec_nanos() > 0));
-        Duration::from_secs(now_s.wrapping_sub(since).into())
+        let tick = SINCE_TICK.as_secs();
+        let now = now.saturating_duration_since(self.epoch).as_secs_f64();
+        let now = (now / tick as f64).ceil() as u64 as u16;
+        Duration::from_secs(u64::from(now.wrapping_sub(since)) * tick)
     }
 
     /// [`Shard::millis`], rounded up: a deadline is never early.
@@ -342,10 +350,10 @@ impl Shard {
         // every change to a user already waiting.
         let starts = !user.is(Flags::UNWRITTEN_SINCE);
         let now = (schedule || starts).then(Instant::now);
-        let since_s = now.map(|now| self.seconds(now));
+        let since = now.map(|now| self.ticks(now));
         let user = self.users.get_mut(slot);
-        if let (true, Some(since_s)) = (starts, since_s) {
-            user.since_s = since_s;
+        if let (true, Some(since)) = (starts, since) {
+            user.since = since;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
         user.flags.set(Flags::QUEUED, true);
@@ -730,7 +738,7 @@ impl Shard {
             (len, weight(states), states.unwritten_change())
         });
         let still_unwritten = self.users.get(slot).has_unwritten();
-        let now_s = (still_unwritten && version.is_some()).then(|| self.seconds(Instant::now()));
+        let now_s = (still_unwritten && version.is_some()).then(|| self.ticks(Instant::now()));
         let user = self.users.get_mut(slot);
         // An evicted user stays while a write-behind write of it is under
         // way (also one backing off): that write still has to find it.
@@ -739,7 +747,7 @@ impl Shard {
             user.flags.set(Flags::UNWRITTEN_SINCE, false);
         } else if let Some(now_s) = now_s {
             // What is left was changed while the write was under way.
-            user.since_s = now_s;
+            user.since = now_s;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
         let requeue = requeue && still_unwritten && !user.is(Flags::QUEUED) && version.is_some();
@@ -841,7 +849,7 @@ impl Shard {
         let age = |id: &u64| {
             let user = self.users.get(self.users.find(*id)?);
             user.is(Flags::UNWRITTEN_SINCE)
-                .then(|| self.age(user.since_s, now))
+                .then(|| self.age(user.since, now))
         };
         let oldest_unwritten = self
             .delayed

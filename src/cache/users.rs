@@ -29,11 +29,11 @@ pub(crate) struct CachedUser {
     /// One per thread read state in `block`, in their order (`EMPTY` for a
     /// user who follows no thread).
     pub(crate) parents: Block,
-    /// When its oldest unwritten change was made, in seconds of the shard's
-    /// clock (see `Shard::seconds`), if `UNWRITTEN_SINCE` is set. Seconds
-    /// keep the record at 48 bytes; it only tells how long a user has
-    /// waited (a gauge, and a handoff's deadline), to a second.
-    pub(crate) since_s: u16,
+    /// When its oldest unwritten change was made, in ticks of the shard's
+    /// coarse clock (see `Shard::ticks`), if `UNWRITTEN_SINCE` is set.
+    /// Ticks keep the record at 48 bytes; it only tells how long a user
+    /// has waited (a gauge, and a handoff's deadline), to a tick.
+    pub(crate) since: u16,
     /// Requests that hold it from their load to their change (see
     /// `Cache::update_many`): it is not evicted while pinned. At `u8::MAX`
     /// the shard counts the rest (see `Shard::pins_beyond`).
@@ -46,7 +46,7 @@ pub(crate) struct CachedUser {
 pub(crate) struct Flags(u8);
 
 impl Flags {
-    /// `since_s` holds when its oldest unwritten change was made.
+    /// `since` holds when its oldest unwritten change was made.
     pub(crate) const UNWRITTEN_SINCE: Flags = Flags(1);
     /// There is an entry for it in a write-behind queue (maybe a stale one).
     pub(crate) const QUEUED: Flags = Flags(1 << 1);
@@ -91,7 +91,7 @@ impl CachedUser {
             block: Block::EMPTY,
             len: 0,
             parents: Block::EMPTY,
-            since_s: 0,
+            since: 0,
             pins: 0,
             flags: Flags::REFERENCED,
         }

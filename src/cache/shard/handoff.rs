@@ -28,7 +28,7 @@ impl Shard {
                     return None;
                 }
                 let unwritten_for = (user.has_unwritten() && user.is(Flags::UNWRITTEN_SINCE))
-                    .then(|| self.age(user.since_s, now));
+                    .then(|| self.age(user.since, now));
                 Some(HandedUser {
                     user_id,
                     states: UserReadStates::from_parts(
@@ -71,7 +71,7 @@ impl Shard {
             let since = now
                 .checked_sub(unwritten_for.unwrap_or_default())
                 .unwrap_or(now);
-            user.since_s = self.seconds(since);
+            user.since = self.ticks(since);
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
             user.flags.set(Flags::QUEUED, true);
             // Due earlier than what `delayed` holds last, maybe: kept apart
