@@ -10,6 +10,7 @@
 //! it answers, and write-behind only retries those that failed.
 
 mod arena;
+mod fifo;
 mod gate;
 pub mod handoff;
 mod pins;

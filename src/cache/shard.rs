@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use super::arena::{Arena, Block, Stored};
+use super::fifo::Fifo;
 use super::users::{CachedUser, Flags, Slot, Users};
 use crate::channel_states::ChannelStates;
 use crate::read_state::{Entries, ReadState, UserReadStates, UserView, thread_count};
@@ -137,7 +138,7 @@ pub(crate) struct Shard {
     pins_beyond: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
-    delayed: VecDeque<Delayed>,
+    delayed: Fifo<Delayed>,
     /// Users handed over by another node, to write when they were due
     /// there, soonest first: their deadlines fall anywhere within
     /// `delayed`'s.
@@ -187,7 +188,7 @@ impl Shard {
             evicted: HashSet::new(),
             loading: HashMap::new(),
             pins_beyond: HashMap::new(),
-            delayed: VecDeque::new(),
+            delayed: Fifo::new(),
             handed: BinaryHeap::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
