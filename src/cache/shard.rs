@@ -160,7 +160,7 @@ pub(crate) struct Shard {
     /// The streams watching each watched user, cached or not: a watched user
     /// that is evicted and loaded again is still watched.
     watchers: HashMap<u64, Vec<Subscriber>>,
-    /// Zero of the shard's clocks: milliseconds for write deadlines, seconds
+    /// Zero of the shard's clocks: milliseconds for write deadlines, ticks
     /// for [`CachedUser::since`].
     epoch: Instant,
     /// The deleted messages this shard's users were lowered for (kept apart
