@@ -638,16 +638,8 @@ async fn simulate(seed: u64) -> Ran {
                     } else if rng.u8(..4) == 0 {
                         // A reply in THREAD mentioning a few users, who
                         // follow it by that (split by owner, as a message).
-                        let message_id = {
-                            let mut next = next_message.lock().unwrap();
-                            *next += 1;
-                            *next
-                        };
-                        let mut users: Vec<u64> = (0..1 + rng.usize(..3))
-                            .map(|_| own(&mut rng, client))
-                            .collect();
-                        users.sort_unstable();
-                        users.dedup();
+                        let message_id = next_id(&next_message);
+                        let users = own_some(&mut rng, client, 1, 3);
                         let applied = route(&nodes, &ring, &users, |cache, part| {
                             let part = part.to_vec();
                             async move {
@@ -671,11 +663,7 @@ async fn simulate(seed: u64) -> Ran {
                         // A message to BY_CHANNEL: its owner takes it, then
                         // its mentions go to theirs, marked with whether the
                         // channel holds it (as a node of a fleet sends them).
-                        let message_id = {
-                            let mut next = next_message.lock().unwrap();
-                            *next += 1;
-                            *next
-                        };
+                        let message_id = next_id(&next_message);
                         let taken = route_one(&nodes, &ring, BY_CHANNEL, |cache| async move {
                             cache.change_channel(BY_CHANNEL, |channels, now| {
                                 let taken = channels.update(BY_CHANNEL, |c| {
@@ -692,10 +680,7 @@ async fn simulate(seed: u64) -> Ran {
                         if took {
                             by_channel.lock().unwrap().taken.insert(message_id);
                         }
-                        let mut users: Vec<u64> =
-                            (0..rng.usize(..3)).map(|_| own(&mut rng, client)).collect();
-                        users.sort_unstable();
-                        users.dedup();
+                        let users = own_some(&mut rng, client, 0, 3);
                         let applied = route(&nodes, &ring, &users, |cache, part| {
                             let part = part.to_vec();
                             async move {
@@ -719,16 +704,8 @@ async fn simulate(seed: u64) -> Ran {
                         }
                     } else {
                         // A message to a few users, split by owner.
-                        let message_id = {
-                            let mut next = next_message.lock().unwrap();
-                            *next += 1;
-                            *next
-                        };
-                        let mut users: Vec<u64> = (0..1 + rng.usize(..5))
-                            .map(|_| own(&mut rng, client))
-                            .collect();
-                        users.sort_unstable();
-                        users.dedup();
+                        let message_id = next_id(&next_message);
+                        let users = own_some(&mut rng, client, 1, 5);
                         let applied = route(&nodes, &ring, &users, |cache, part| {
                             let part = part.to_vec();
                             async move {
@@ -928,6 +905,23 @@ async fn simulate(seed: u64) -> Ran {
         restarts,
         cut: peers.cut.load(std::sync::atomic::Ordering::Relaxed),
     }
+}
+
+/// The next message's id (ids rise across clients).
+fn next_id(next: &Mutex<u64>) -> u64 {
+    let mut next = next.lock().unwrap();
+    *next += 1;
+    *next
+}
+
+/// `least` and up to `more - 1` more draws of client `client`'s users,
+/// sorted, each once.
+fn own_some(rng: &mut fastrand::Rng, client: usize, least: usize, more: usize) -> Vec<u64> {
+    let draws = least + rng.usize(..more);
+    let mut users: Vec<u64> = (0..draws).map(|_| own(rng, client)).collect();
+    users.sort_unstable();
+    users.dedup();
+    users
 }
 
 /// One of client `client`'s users.
