@@ -10,7 +10,6 @@
 //! it answers, and write-behind only retries those that failed.
 
 mod arena;
-mod fifo;
 mod gate;
 pub mod handoff;
 mod pins;

@@ -288,6 +288,18 @@ struct Location {
     start: usize,
 }
 
+/// How many of a user's `entries` are threads', its parents being at
+/// `parents`: none without a parents' block, told without searching (the
+/// search is a cold miss or two on every change and read).
+pub(crate) fn threads_in(parents: Block, entries: &[ReadState]) -> usize {
+    if parents == Block::EMPTY {
+        debug_assert_eq!(thread_count(entries), 0, "threads without parents");
+        0
+    } else {
+        thread_count(entries)
+    }
+}
+
 impl<'a> Stored<'a> {
     pub(crate) fn new(
         arena: &'a mut Arena,
@@ -306,14 +318,7 @@ impl<'a> Stored<'a> {
             parents_block,
             threads: 0,
         };
-        // A user who follows no thread has no parents' block: its read
-        // states are not searched (the search is a cold miss or two on
-        // every change).
-        if parents_block != Block::EMPTY {
-            stored.threads = thread_count(&stored);
-        } else {
-            debug_assert_eq!(thread_count(&stored), 0, "threads without parents");
-        }
+        stored.threads = threads_in(parents_block, &stored);
         stored
     }
 

@@ -19,11 +19,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
-use super::arena::{Arena, Block, Stored};
-use super::fifo::Fifo;
+use super::arena::{Arena, Block, Stored, threads_in};
 use super::users::{CachedUser, Flags, Slot, Users};
 use crate::channel_states::ChannelStates;
-use crate::read_state::{Entries, ReadState, UserReadStates, UserView, thread_count};
+use crate::read_state::{Entries, UserReadStates, UserView};
 use crate::recent_deletions::RecentDeletions;
 use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
@@ -44,17 +43,6 @@ struct Subscriber {
 struct Delayed {
     due_ms: u32,
     user_id: u64,
-}
-
-/// How many of `user`'s `entries` are threads': none without a parents'
-/// block, found without searching (a cold miss or two on every request).
-fn threads_of(user: &CachedUser, entries: &[ReadState]) -> usize {
-    if user.parents == Block::EMPTY {
-        debug_assert_eq!(thread_count(entries), 0, "threads without parents");
-        0
-    } else {
-        thread_count(entries)
-    }
 }
 
 /// The unit of [`CachedUser::since`]: fine enough for a gauge and for a
@@ -138,7 +126,7 @@ pub(crate) struct Shard {
     pins_beyond: HashMap<u64, u32>,
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
-    delayed: Fifo<Delayed>,
+    delayed: VecDeque<Delayed>,
     /// Users handed over by another node, to write when they were due
     /// there, soonest first: their deadlines fall anywhere within
     /// `delayed`'s.
@@ -188,7 +176,7 @@ impl Shard {
             evicted: HashSet::new(),
             loading: HashMap::new(),
             pins_beyond: HashMap::new(),
-            delayed: Fifo::new(),
+            delayed: VecDeque::new(),
             handed: BinaryHeap::new(),
             ready: VecDeque::new(),
             in_flight: HashSet::new(),
@@ -231,7 +219,9 @@ impl Shard {
     fn view(&self, slot: Slot) -> UserView<'_> {
         let user = self.users.get(slot);
         let entries = self.arena.get(user.block, user.len as usize);
-        let parents = self.parents.get(user.parents, threads_of(user, entries));
+        let parents = self
+            .parents
+            .get(user.parents, threads_in(user.parents, entries));
         UserView::new(user.header(), entries, parents)
     }
 
@@ -265,7 +255,7 @@ impl Shard {
             self.pins_beyond.remove(&user.user_id);
         }
         let entries = self.arena.get(user.block, user.len as usize);
-        let threads = threads_of(&user, entries);
+        let threads = threads_in(user.parents, entries);
         self.arena.free(user.block, user.len as usize);
         self.parents.free(user.parents, threads);
     }
@@ -286,10 +276,9 @@ impl Shard {
     /// How long ago `since` (of [`Shard::ticks`]) was at `now`, rounded
     /// up: a deadline taken from it is never late.
     fn age(&self, since: u16, now: Instant) -> Duration {
-        let tick = SINCE_TICK.as_secs();
-        let now = now.saturating_duration_since(self.epoch).as_secs_f64();
-        let now = (now / tick as f64).ceil() as u64 as u16;
-        Duration::from_secs(u64::from(now.wrapping_sub(since)) * tick)
+        let elapsed = now.saturating_duration_since(self.epoch).as_nanos();
+        let now = elapsed.div_ceil(SINCE_TICK.as_nanos()) as u16;
+        SINCE_TICK * u32::from(now.wrapping_sub(since))
     }
 
     /// [`Shard::millis`], rounded up: a deadline is never early.
@@ -941,5 +930,19 @@ mod tests {
             "evicted after the last pin"
         );
         assert!(shard.pins_beyond.is_empty());
+    }
+
+    /// How long a user has waited is kept in 16 bits: in ticks, they last
+    /// through an outage of a few days (seconds wrapped after 18 hours).
+    #[test]
+    fn an_unwritten_change_a_day_old_is_told_a_day_old_rounded_up() {
+        let deletions = RecentDeletions::new(Duration::from_secs(1), 1);
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let channels = ChannelStates::new(store, Duration::ZERO);
+        let shard = Shard::new(10, Arc::new(AtomicUsize::new(0)), deletions, channels);
+        let since = shard.epoch + Duration::from_millis(1_500);
+        let day = Duration::from_secs(24 * 3600);
+        let age = shard.age(shard.ticks(since), since + day);
+        assert!(age >= day && age < day + 2 * SINCE_TICK, "{age:?}");
     }
 }
