@@ -675,6 +675,21 @@ impl Cache {
         load
     }
 
+    /// Asks the CPU to fetch these users' records and read states before
+    /// they are changed one by one (a hint, see [`Shard::prefetch`]): a
+    /// batch's misses overlap instead of each change waiting for its own.
+    /// A shard another thread holds is passed over rather than waited for.
+    pub fn prefetch(&self, user_ids: &mut [u64]) {
+        user_ids.sort_unstable_by_key(|&user_id| self.shard_of(user_id));
+        for users in user_ids.chunk_by(|a, b| self.shard_of(*a) == self.shard_of(*b)) {
+            if let Ok(shard) = self.shards[self.shard_of(users[0])].try_lock() {
+                for &user_id in users {
+                    shard.prefetch(user_id);
+                }
+            }
+        }
+    }
+
     /// Locks shard `index`, runs `f`, unlocks, and wakes the shard's writer
     /// if `f` queued something for it: the one way into a shard.
     pub(crate) fn with_shard<R>(&self, index: usize, f: impl FnOnce(&mut Shard) -> R) -> R {

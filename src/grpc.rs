@@ -21,6 +21,7 @@ mod get_badge_counts;
 mod get_read_states;
 mod get_routing_table;
 mod hand_over;
+mod in_progress;
 mod message_created;
 mod message_deleted;
 mod recipients;
@@ -50,6 +51,7 @@ use crate::proto::read_states_server::ReadStates;
 use crate::proto::*;
 use crate::read_state::{Key, Kind};
 use forward::Forward;
+use in_progress::InProgress;
 use scatter::Scatter;
 
 /// What the service takes from the configuration.
@@ -85,7 +87,7 @@ impl From<&Config> for ServiceConfig {
 #[derive(Debug, Clone)]
 pub struct ReadStatesService {
     cache: Arc<Cache>,
-    in_progress: Arc<Semaphore>,
+    in_progress: Arc<InProgress>,
     config: ServiceConfig,
     /// Cancelled when shutdown begins: Watch streams end with UNAVAILABLE.
     stopping: CancellationToken,
@@ -167,7 +169,7 @@ impl ReadStatesService {
         let metrics = Methods::new(&config.node);
         ReadStatesService {
             cache,
-            in_progress: Arc::new(Semaphore::new(config.max_in_progress)),
+            in_progress: Arc::new(InProgress::new(config.max_in_progress)),
             stopping,
             metrics: Arc::new(metrics),
             item_metrics: Arc::new(apply::ItemMetrics::new(&config.node)),
@@ -447,7 +449,7 @@ impl ReadStatesService {
     where
         F: Future<Output = Result<Resp, Error>>,
     {
-        let Ok(_permit) = self.in_progress.try_acquire() else {
+        let Some(_entered) = self.in_progress.enter() else {
             return Err(Error::Overloaded {
                 limit: self.config.max_in_progress,
             });

@@ -19,12 +19,11 @@
 //! not answered was not applied.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use futures::stream::FuturesUnordered;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryFutureExt, future};
 use prost::Message;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::time::{Duration, Instant};
@@ -121,6 +120,11 @@ async fn serve(
     let (read, mut pending) = mpsc::channel(READ_AHEAD);
     tokio::spawn(read_requests(requests, read));
     let stopping = service.stopping.clone();
+    // Made once, not on every turn of the loop: each registers a waiter
+    // under a lock.
+    let cancelled = stopping.cancelled();
+    let closed = responses.closed();
+    tokio::pin!(cancelled, closed);
     let mut items = Items::new(&service, hop);
     // Why nothing more is read: the client half-closed (`Some(None)`), or
     // the stream ends with this status once every item read is answered.
@@ -131,7 +135,7 @@ async fn serve(
         }
         tokio::select! {
             biased;
-            () = stopping.cancelled(), if ended.is_none() => {
+            () = &mut cancelled, if ended.is_none() => {
                 // Items begun are done and answered; the others are
                 // answered unapplied.
                 items.stop();
@@ -141,7 +145,7 @@ async fn serve(
                 }
                 ended = Some(Some(Error::ShuttingDown.into()));
             }
-            () = responses.closed() => return,
+            () = &mut closed => return,
             permit = responses.reserve(), if !items.answered.is_empty() => {
                 let Ok(permit) = permit else { return };
                 permit.send(Ok(items.take_answered()));
@@ -287,22 +291,33 @@ impl<'a> Items<'a> {
             return self.refuse(&batch, &error);
         }
         let batch_until = limit(arrived, batch.timeout_ms);
-        for item in batch.items {
-            let until = match (batch_until, limit(arrived, item.timeout_ms)) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let item = Item {
+        let items: Vec<Item> = (batch.items.into_iter())
+            .map(|item| Item {
                 users: touched(&item),
                 id: item.id,
                 change: item.change,
                 started: arrived,
-                until,
-            };
+                until: match (batch_until, limit(arrived, item.timeout_ms)) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                },
+            })
+            .collect();
+        // The batch's users are known before the first is changed: their
+        // cache misses are taken together, not one item after another.
+        let mut users: Vec<u64> = (items.iter().flat_map(|item| &item.users))
+            .filter_map(|&ordered| match ordered {
+                Ordered::User(user_id) => Some(user_id),
+                Ordered::Channel(_) => None,
+            })
+            .collect();
+        self.service.cache.prefetch(&mut users);
+        let stopping = self.service.stopping.is_cancelled();
+        for item in items {
             if self.blocked(&item) {
                 self.hold(item);
             } else {
-                self.begin(item);
+                self.begin(item, stopping);
             }
         }
     }
@@ -327,8 +342,10 @@ impl<'a> Items<'a> {
         self.held.push_back(item);
     }
 
-    /// Runs `item`: answered at once if it is done at once, else waiting.
-    fn begin(&mut self, item: Item) {
+    /// Runs `item`: answered at once if it is done at once, else waiting;
+    /// refused if shutdown is `stopping` (asked once per batch: the token
+    /// takes a lock).
+    fn begin(&mut self, item: Item, stopping: bool) {
         let Item {
             id,
             change,
@@ -336,7 +353,7 @@ impl<'a> Items<'a> {
             started,
             until,
         } = item;
-        let outcome = if self.service.stopping.is_cancelled() {
+        let outcome = if stopping {
             Outcome::Error(apply_error(&Error::ShuttingDown.into()))
         } else if until.is_some_and(|until| Instant::now() >= until) {
             Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
@@ -346,20 +363,21 @@ impl<'a> Items<'a> {
                 until,
                 hop: self.hop.clone(),
             };
-            let mut applying = Box::pin(self.service.apply_item(change, origin));
+            let mut applying = self.service.apply_item(change, origin);
             // Polled once here: most items (cached users) are done at
             // once; `waiting` polls the others again with its own waker.
             match applying
                 .as_mut()
                 .poll(&mut Context::from_waker(Waker::noop()))
             {
-                Poll::Ready(outcome) => outcome,
+                Poll::Ready(result) => outcome(result),
                 Poll::Pending => {
                     for &user in &users {
                         *self.busy.entry(user).or_default() += 1;
                     }
-                    self.waiting
-                        .push(Box::pin(async move { (id, users, applying.await) }));
+                    self.waiting.push(Box::pin(
+                        async move { (id, users, outcome(applying.await)) },
+                    ));
                     return;
                 }
             }
@@ -386,11 +404,12 @@ impl<'a> Items<'a> {
         }
         let held = std::mem::take(&mut self.held);
         self.held_users.clear();
+        let stopping = self.service.stopping.is_cancelled();
         for item in held {
             if self.blocked(&item) {
                 self.hold(item);
             } else {
-                self.begin(item);
+                self.begin(item, stopping);
             }
         }
     }
@@ -425,64 +444,77 @@ fn limit(started: Instant, timeout_ms: u32) -> Option<Instant> {
     (timeout_ms > 0).then(|| started + Duration::from_millis(timeout_ms.into()))
 }
 
+/// An item's run, boxed as its own kind's call (not as one future sized
+/// for the largest kind, which every item would move and allocate).
+type Applying<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Status>> + Send + 'a>>;
+
 impl ReadStatesService {
     /// One item, as its unary call would run it.
-    async fn apply_item(&self, change: Option<Change>, origin: Origin) -> Outcome {
+    fn apply_item(&self, change: Option<Change>, origin: Origin) -> Applying<'_> {
         let metrics = &self.item_metrics;
         let Some(change) = change else {
             let error = Error::invalid("change", "must be set");
-            return Outcome::Error(apply_error(&error.into()));
+            return Box::pin(future::ready(Err(error.into())));
         };
-        let result = match change {
-            Change::Ack(r) => self
-                .run_routed(&metrics.ack, origin, r, ack::handle, true)
-                .await
-                .map(Outcome::Ack),
-            Change::BulkAck(r) => self
-                .run_routed(&metrics.bulk_ack, origin, r, bulk_ack::handle, true)
-                .await
-                .map(Outcome::BulkAck),
-            Change::AckAll(r) => self
-                .run_routed(&metrics.ack_all, origin, r, ack_all::handle, true)
-                .await
-                .map(Outcome::AckAll),
-            Change::SetMuted(r) => self
-                .run_routed(&metrics.set_muted, origin, r, set_muted::handle, true)
-                .await
-                .map(Outcome::SetMuted),
-            Change::DeleteReadStates(r) => self
-                .run_routed(
+        match change {
+            Change::Ack(r) => Box::pin(
+                self.run_routed(&metrics.ack, origin, r, ack::handle, true)
+                    .map_ok(Outcome::Ack),
+            ),
+            Change::BulkAck(r) => Box::pin(
+                self.run_routed(&metrics.bulk_ack, origin, r, bulk_ack::handle, true)
+                    .map_ok(Outcome::BulkAck),
+            ),
+            Change::AckAll(r) => Box::pin(
+                self.run_routed(&metrics.ack_all, origin, r, ack_all::handle, true)
+                    .map_ok(Outcome::AckAll),
+            ),
+            Change::SetMuted(r) => Box::pin(
+                self.run_routed(&metrics.set_muted, origin, r, set_muted::handle, true)
+                    .map_ok(Outcome::SetMuted),
+            ),
+            Change::DeleteReadStates(r) => Box::pin(
+                self.run_routed(
                     &metrics.delete_read_states,
                     origin,
                     r,
                     delete_read_states::handle,
                     true,
                 )
-                .await
-                .map(Outcome::DeleteReadStates),
+                .map_ok(Outcome::DeleteReadStates),
+            ),
             Change::MessageCreated(r) => match self.takes_threads(r.kind) {
-                Ok(()) => self
-                    .run_scattered(&metrics.message_created, origin, r, message_created::handle)
-                    .await
-                    .map(Outcome::MessageCreated),
-                Err(refused) => Err(refused.into()),
+                Ok(()) => Box::pin(
+                    self.run_scattered(
+                        &metrics.message_created,
+                        origin,
+                        r,
+                        message_created::handle,
+                    )
+                    .map_ok(Outcome::MessageCreated),
+                ),
+                Err(refused) => Box::pin(future::ready(Err(refused.into()))),
             },
-            Change::MessageDeleted(r) => self
-                .run_scattered(&metrics.message_deleted, origin, r, message_deleted::handle)
-                .await
-                .map(Outcome::MessageDeleted),
-            Change::GetBadgeCounts(r) => self
-                .run_scattered(
+            Change::MessageDeleted(r) => Box::pin(
+                self.run_scattered(&metrics.message_deleted, origin, r, message_deleted::handle)
+                    .map_ok(Outcome::MessageDeleted),
+            ),
+            Change::GetBadgeCounts(r) => Box::pin(
+                self.run_scattered(
                     &metrics.get_badge_counts,
                     origin,
                     r,
                     get_badge_counts::handle,
                 )
-                .await
-                .map(Outcome::GetBadgeCounts),
-        };
-        result.unwrap_or_else(|status| Outcome::Error(apply_error(&status)))
+                .map_ok(Outcome::GetBadgeCounts),
+            ),
+        }
     }
+}
+
+/// An item's outcome: its response, or its error.
+fn outcome(result: Result<Outcome, Status>) -> Outcome {
+    result.unwrap_or_else(|status| Outcome::Error(apply_error(&status)))
 }
 
 /// The users an item touches, as its request names them (the ids of an
