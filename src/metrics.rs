@@ -5,6 +5,7 @@
 //! shards; a sampler copies them and the shard gauges out once a second, so a
 //! request never pays for a metrics registry lookup it does not need.
 
+pub mod latency;
 #[cfg(any(test, feature = "test-support"))]
 pub mod scrape;
 pub mod server;
@@ -12,7 +13,8 @@ pub mod server;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, counter, gauge, histogram};
+use latency::Latency;
+use metrics::{Counter, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -65,12 +67,6 @@ pub fn handle() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
-                .and_then(|b| {
-                    b.set_buckets_for_metric(
-                        Matcher::Full(REQUEST_DURATION.into()),
-                        &LATENCY_BUCKETS,
-                    )
-                })
                 .map(PrometheusBuilder::build_recorder)
                 .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
             let handle = recorder.handle();
@@ -97,7 +93,7 @@ pub struct MethodMetrics {
     method: &'static str,
     node: String,
     ok: Counter,
-    duration: Histogram,
+    duration: Arc<Latency>,
 }
 
 impl MethodMetrics {
@@ -107,7 +103,7 @@ impl MethodMetrics {
             method,
             node: node.to_owned(),
             ok: counter!(REQUESTS, "method" => method, "code" => ok, "node" => node.to_owned()),
-            duration: histogram!(REQUEST_DURATION, "method" => method, "node" => node.to_owned()),
+            duration: Latency::registered(method, node),
         }
     }
 
@@ -120,7 +116,7 @@ impl MethodMetrics {
             counter!(REQUESTS, "method" => self.method, "code" => code_name(code), "node" => node)
                 .increment(1);
         }
-        self.duration.record(elapsed.as_secs_f64());
+        self.duration.record(elapsed);
     }
 }
 

@@ -12,7 +12,8 @@ pub async fn serve(
     handle: PrometheusHandle,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = Router::new().route("/metrics", get(move || std::future::ready(handle.render())));
+    let render = move || std::future::ready(handle.render() + &super::latency::render());
+    let app = Router::new().route("/metrics", get(render));
     axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await
