@@ -70,9 +70,19 @@ pub fn render() -> String {
         let _ = writeln!(text, "# TYPE {REQUEST_DURATION} histogram");
     }
     for ((method, node), latency) in registered.iter() {
+        let node = escaped(node);
         latency.render(&format!("method=\"{method}\",node=\"{node}\""), &mut text);
     }
     text
+}
+
+/// A label value as the exposition format writes it: the node id comes
+/// from the configuration, and one quote in it would spoil the whole page.
+fn escaped(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -103,5 +113,15 @@ mod tests {
         assert_eq!(scrape::value(&text, count), 3.0);
         let sum = "readstates_request_duration_seconds_sum{method=\"Test.Buckets\"";
         assert!((scrape::value(&text, sum) - 20.00035).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_node_id_is_escaped_as_a_label_value() {
+        let latency = Latency::registered("Test.Escaped", "a\\b\"c\nd");
+        latency.record(Duration::from_micros(50));
+        let text = super::render();
+        let count = "readstates_request_duration_seconds_count";
+        let labels = r#"{method="Test.Escaped",node="a\\b\"c\nd"}"#;
+        assert!(text.contains(&format!("{count}{labels} 1\n")), "{text}");
     }
 }
