@@ -1,8 +1,8 @@
 //! Request durations, bucketed as they are recorded. The exporter's
 //! histogram keeps every sample until its upkeep folds them into buckets:
-//! a push per request, and at a few hundred thousand requests a second
-//! a pause of milliseconds each second on the worker that runs the
-//! upkeep. Here a request adds to one bucket and to the sum, and `/metrics`
+//! a push per request, and once a second a fold of every request of that
+//! second on the worker that runs the upkeep (a few hundred thousand Apply
+//! items). Here a request adds to one bucket and to the sum, and `/metrics`
 //! renders the series beside the exporter's, in the same format.
 
 use std::collections::BTreeMap;
@@ -38,6 +38,7 @@ impl Latency {
             .clone()
     }
 
+    /// One request took `elapsed`.
     pub fn record(&self, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
         let bucket = LATENCY_BUCKETS.partition_point(|&bound| bound < seconds);
