@@ -160,7 +160,7 @@ impl Stream {
             Ok(Ok(results)) => {
                 self.state.store(OPEN, Ordering::Release);
                 self.serve(batches, results.into_inner()).await;
-                return self.end(ENDED, not_sent());
+                return self.end(ENDED, not_sent()).await;
             }
             Ok(Err(status))
                 if matches!(status.code(), Code::Unimplemented | Code::ResourceExhausted) =>
@@ -173,7 +173,7 @@ impl Stream {
             }
             Err(_) => Status::unavailable("Apply stream not opened in time"),
         };
-        self.end(NOT_OPENED, refusal);
+        self.end(NOT_OPENED, refusal).await;
     }
 
     /// Sends what is queued and hands out results until the stream ends,
@@ -252,11 +252,14 @@ impl Stream {
     }
 
     /// Ends the stream in `state`: every change not sent is answered with
-    /// `status`.
-    fn end(mut self, state: u8, status: Status) {
+    /// `status`. Closing refuses new changes, but a caller that already
+    /// had room may still send; `recv` returns `None` only once it has
+    /// (`try_recv` would stop at an empty queue, leaving that change
+    /// unanswered, kept alive by its caller's own `Applier`).
+    async fn end(mut self, state: u8, status: Status) {
         self.state.store(state, Ordering::Release);
         self.queued.close();
-        while let Ok(queued) = self.queued.try_recv() {
+        while let Some(queued) = self.queued.recv().await {
             let _ = queued.answer.send(Err(status.clone()));
         }
     }
@@ -357,3 +360,6 @@ fn status(error: ApplyError) -> Status {
     }
     Status::with_metadata(Code::from_i32(error.code), error.message, metadata)
 }
+
+#[cfg(test)]
+mod tests;

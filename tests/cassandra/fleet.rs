@@ -349,11 +349,11 @@ where
     Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
 {
     if let Route::Owners(fleet) = route {
-        return fleet.call(user_id, call).await;
+        return answered(user_id, fleet.call(user_id, call)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match call(route.client(user_id)).await {
+        match answered(user_id, call(route.client(user_id))).await {
             Ok(response) => return Ok(response.into_inner()),
             Err(status) if status.code() == Code::Unavailable && Instant::now() < deadline => {
                 ledger.lock().unwrap().retried += 1;
@@ -362,6 +362,19 @@ where
             Err(status) => return Err(status),
         }
     }
+}
+
+/// How long a request may wait for its answer: a node answers every
+/// request (UNAVAILABLE at worst), so a longer wait is a lost answer, and
+/// fails the test here rather than hanging it.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+async fn answered<T>(user_id: u64, request: impl Future<Output = T>) -> T {
+    tokio::time::timeout(ANSWER_WITHIN, request)
+        .await
+        .unwrap_or_else(|_| {
+            panic!("a request of user {user_id} unanswered after {ANSWER_WITHIN:?}")
+        })
 }
 
 /// Acks acknowledged and missing from Cassandra: (acknowledged, missing,
