@@ -2,9 +2,18 @@
 //! `serve --init-schema` run. Every statement is `IF NOT EXISTS` or sets a
 //! value, so running it again changes nothing.
 
+use std::time::Duration;
+
 use scylla::client::session::Session;
+use scylla::statement::unprepared::Statement;
 
 use crate::store::StoreError;
+
+/// How long one schema statement may take: longer than a request's, since
+/// a node applies a schema change to its system tables (and flushes them)
+/// before it answers, which on a busy node takes seconds; the statements
+/// can be run again, so a slow one is waited for rather than failed.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The files of `schema/`, in order, built into the binary.
 const MIGRATIONS: [(&str, &str); 8] = [
@@ -69,9 +78,12 @@ pub async fn migrate_first(
     }
     for (file, text) in MIGRATIONS.into_iter().take(files) {
         for statement in statements(text) {
-            let cql = statement
-                .replace("${keyspace}", keyspace)
-                .replace("${replication}", replication);
+            let mut cql = Statement::new(
+                statement
+                    .replace("${keyspace}", keyspace)
+                    .replace("${replication}", replication),
+            );
+            cql.set_request_timeout(Some(STATEMENT_TIMEOUT));
             session
                 .query_unpaged(cql, ())
                 .await
