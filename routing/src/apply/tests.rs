@@ -1,3 +1,6 @@
+//! The stream to one node, on its own: how it answers the changes of its
+//! callers when it ends.
+
 use super::*;
 use crate::proto::AckRequest;
 
