@@ -26,6 +26,8 @@ async fn a_change_sent_as_the_stream_ends_is_answered() {
     };
     let ending = tokio::spawn(stream.end(ENDED, not_sent()));
     tokio::task::yield_now().await;
+    // It answered what was queued, and waits for what has room.
+    assert!(!ending.is_finished());
     let (answer, answered) = oneshot::channel();
     room.send(Queued {
         change: Change::Ack(AckRequest::default()),
