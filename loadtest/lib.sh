@@ -32,6 +32,8 @@ start_fleet() {
     common=(--store cassandra --cassandra-nodes "127.0.0.1:${CASSANDRA_PORT:-9042}"
         --keyspace "readstates_bench_$(date +%s)")
     "$RS" migrate "${common[@]}" --log-level warn
+    # The nodes' shared secret (what they prove to each other with), one per run.
+    export READSTATES_FLEET_SECRET="${READSTATES_FLEET_SECRET:-$(od -An -tx1 -N24 /dev/urandom | tr -d ' \n')}"
     pids=()
     trap stop_fleet EXIT
     for n in $(seq 1 "$nodes"); do

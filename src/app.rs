@@ -26,6 +26,7 @@ use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, StoreKind};
 use crate::grpc::fleet::FleetService;
+use crate::grpc::node_calls::NodeCalls;
 use crate::grpc::route::Router;
 use crate::grpc::{ReadStatesService, ServiceConfig};
 use crate::metrics;
@@ -105,6 +106,9 @@ impl Application {
     ) -> Result<Application, BoxError> {
         if ring_store.is_some() && config.node_id.is_none() {
             return Err("a node of a fleet needs its node_id".into());
+        }
+        if ring_store.is_some() && config.fleet_secret.is_none() {
+            return Err("a node of a fleet needs the fleet's secret (fleet_secret)".into());
         }
         let ownership = Arc::new(match ring_store {
             Some(_) => Ownership::member(),
@@ -205,39 +209,50 @@ impl Application {
             }),
             _ => None,
         };
-        let (fleet, follower, copier) = match (ring_store, &config.node_id) {
-            (Some(ring_store), Some(node_id)) => {
-                let peers = Arc::new(GrpcPeers::new(tls.clone()));
-                let member = Member::new(
-                    node_id.clone(),
-                    ring_store,
-                    cache.clone(),
-                    peers.clone(),
-                    MemberConfig {
-                        ring_poll: config.ring_poll,
-                        ..MemberConfig::default()
-                    },
-                );
-                let follower = member.start(stop.clone());
-                let copier = Copier::new(member.clone(), peers.clone());
-                let copying = tokio::spawn(copier.clone().run(stop.clone()));
-                let router = Router {
-                    member,
-                    peers,
-                    copier,
-                };
-                service = service.routed(router.clone());
-                (Some(router), Some(follower), Some(copying))
-            }
-            _ => (None, None, None),
-        };
+        let node_calls = NodeCalls::new(config.fleet_credential());
+        let (fleet, follower, copier) =
+            match (ring_store, &config.node_id, config.fleet_credential()) {
+                (Some(ring_store), Some(node_id), Some(credential)) => {
+                    let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
+                    let member = Member::new(
+                        node_id.clone(),
+                        ring_store,
+                        cache.clone(),
+                        peers.clone(),
+                        MemberConfig {
+                            ring_poll: config.ring_poll,
+                            ..MemberConfig::default()
+                        },
+                    );
+                    let follower = member.start(stop.clone());
+                    let copier = Copier::new(member.clone(), peers.clone());
+                    let copying = tokio::spawn(copier.clone().run(stop.clone()));
+                    let router = Router {
+                        member,
+                        peers,
+                        copier,
+                    };
+                    service = service.routed(router.clone());
+                    (Some(router), Some(follower), Some(copying))
+                }
+                _ => (None, None, None),
+            };
+        // Only the fleet's nodes may call Fleet or speak as a node.
+        let (calls, fleet_calls) = (node_calls.clone(), node_calls);
+        let read_states =
+            ReadStatesServer::with_interceptor(service, move |request| calls.read_states(request));
+        let fleet = fleet.map(|router| {
+            FleetServer::with_interceptor(FleetService::new(router), move |request| {
+                fleet_calls.fleet(request)
+            })
+        });
         let router = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .add_service(health_service)
             .add_service(reflection)
-            .add_service(ReadStatesServer::new(service))
-            .add_optional_service(fleet.map(|r| FleetServer::new(FleetService::new(r))));
+            .add_service(read_states)
+            .add_optional_service(fleet);
         let stopped = stop.clone().cancelled_owned();
         let (server, tls_reloader) = match tls {
             None => (

@@ -12,3 +12,14 @@ pub fn now_micros() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
+
+/// How far ahead of this node's clock a version another node sends may be:
+/// the clock skew a fleet tolerates. Versions stay near real time, so one
+/// beyond it was never issued by a node, and taking it would put a user or
+/// a channel above every real change for good.
+pub const MAX_AHEAD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether `version`, from another node, can have been issued by now.
+pub fn issued_by_now(version: u64) -> bool {
+    version <= now_micros().saturating_add(MAX_AHEAD.as_micros() as u64)
+}

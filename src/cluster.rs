@@ -9,11 +9,13 @@
 //!   over ([`handoff`]), then acquires gained ones from their previous
 //!   owners ([`peers`]). It drives the cache and the slots' states
 //!   ([`crate::ownership`]), which sit below it.
+//! - [`credential`]: how the nodes prove to each other that they are.
 //! - [`copier`]: a channel counted by channel's owner sends its state to
 //!   every node.
 
 pub mod admin;
 pub mod copier;
+pub mod credential;
 pub mod handoff;
 pub mod member;
 pub mod peers;

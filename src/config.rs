@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::credential::{FleetCredential, MIN_SECRET_BYTES};
 use crate::store::cassandra::CassandraConfig;
 use crate::tls::TlsFiles;
 
@@ -344,6 +345,12 @@ settings! {
     /// `node_id`.
     #[arg(long, env = "READSTATES_ADVERTISE")]
     advertise: Option<String> = None;
+    /// The fleet's shared secret (at least 16 bytes; from a Kubernetes
+    /// Secret, say): the nodes prove with it that they are nodes, and only
+    /// calls that do may use the Fleet service or speak as a node.
+    /// Required with `node_id`; never logged or printed.
+    #[arg(long, env = "READSTATES_FLEET_SECRET", hide_env_values = true)]
+    fleet_secret: Option<Secret> = None;
     /// How often a fleet node reads the ring.
     #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -459,6 +466,20 @@ impl Config {
             if self.ring_poll.is_zero() {
                 return refuse("ring_poll must be above 0");
             }
+            match &self.fleet_secret {
+                None => {
+                    return refuse(
+                        "node_id needs fleet_secret: the secret the fleet's nodes share, without \
+                         which anyone who reaches the gRPC port could speak as a node",
+                    );
+                }
+                Some(secret) if secret.expose().len() < MIN_SECRET_BYTES => {
+                    return refuse(&format!(
+                        "fleet_secret must be at least {MIN_SECRET_BYTES} bytes (a random one)"
+                    ));
+                }
+                Some(_) => {}
+            }
         } else if self.join_weight.is_some() || !self.drain_timeout.is_zero() {
             return refuse(
                 "join_weight and drain_timeout need node_id: only a node of a fleet has a ring                  to join or drain",
@@ -499,6 +520,12 @@ impl Config {
             key: self.tls_key.clone()?,
             client_ca: self.tls_client_ca.clone(),
         })
+    }
+
+    /// What this node proves to the fleet's other nodes with, and checks
+    /// their calls against; `None` without a secret (a standalone node).
+    pub fn fleet_credential(&self) -> Option<FleetCredential> {
+        (self.fleet_secret.as_ref()).map(|secret| FleetCredential::new(secret.expose()))
     }
 
     /// The Cassandra part, as the store takes it.
@@ -640,6 +667,37 @@ mod tests {
         // Found by an adversarial review: a huge delay overflowed the clock
         // and panicked on the first change.
         assert!(refused("--write-delay", "9223372036854775807s").contains("at most 1day"));
+        // Issue 35, item 1: a fleet node trusts only calls that carry the
+        // fleet's token, so it needs the secret, and one worth the name.
+        let node = |secret: Option<&str>| {
+            let mut args = vec![
+                "readstates",
+                "serve",
+                "--store",
+                "cassandra",
+                "--node-id",
+                "n1",
+                "--advertise",
+                "127.0.0.1:50051",
+            ];
+            args.extend(
+                secret
+                    .map(|secret| ["--fleet-secret", secret])
+                    .into_iter()
+                    .flatten(),
+            );
+            let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else {
+                panic!("serve")
+            };
+            Config::load(&args).map(|_| ()).map_err(|e| e.to_string())
+        };
+        assert!(node(None).unwrap_err().contains("needs fleet_secret"));
+        assert!(
+            node(Some("short"))
+                .unwrap_err()
+                .contains("at least 16 bytes")
+        );
+        assert_eq!(node(Some("sixteen bytes at least")), Ok(()));
         assert!(Config::default().check().is_ok());
     }
 

@@ -51,6 +51,8 @@ pub const MOVED_USERS: &str = "readstates_moved_users_total";
 pub const RING_CHANGE_WAITS: &str = "readstates_ring_change_waits_total";
 /// Users installed from handoffs by their previous owners.
 pub const HANDED_IN_USERS: &str = "readstates_handed_in_users_total";
+/// Calls refused as a node's without the fleet's token, by `reason`.
+pub const NODE_CALLS_REFUSED: &str = "readstates_node_calls_refused_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 

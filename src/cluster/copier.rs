@@ -100,7 +100,7 @@ impl Copier {
             let request = request.clone();
             async move {
                 let channel = self.peers.channel(address)?;
-                let mut call = tonic::Request::new(request);
+                let mut call = self.peers.request(request);
                 call.set_timeout(COPY_TIMEOUT);
                 (FleetClient::new(channel).copy_channels(call).await)
                     .map_err(|s| format!("{address}: {}: {}", s.code(), s.message()))

@@ -9,6 +9,7 @@ use readstates_routing::Slot;
 use tokio::time::Duration;
 
 use crate::cache::handoff::{Chunk, HandedDeletion, HandedUser};
+use crate::clock;
 use crate::proto;
 use crate::read_state::{Header, Kind, Owned, ReadState, UserReadStates, saturated_count};
 use crate::recent_deletions::Deletion;
@@ -121,6 +122,18 @@ fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
 }
 
 fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
+    let versions = [user.version, user.written_version, user.delta_floor];
+    let versions = versions
+        .into_iter()
+        .chain(user.read_states.iter().map(|state| state.version));
+    if let Some(version) = versions.max().filter(|&v| !clock::issued_by_now(v)) {
+        return Err(format!(
+            "user {} has version {version}, from after this node's clock (more than {:?} \
+             ahead): no node issued it",
+            user.user_id,
+            clock::MAX_AHEAD
+        ));
+    }
     let rows = user
         .read_states
         .into_iter()

@@ -54,18 +54,23 @@ const HAND_OVER_IDLE: Duration = Duration::from_secs(10);
 
 /// Drops what a handoff installed, unless disarmed once it completed, if
 /// the slots are still being acquired from its sender (which, never told
-/// the handoff arrived, writes the users itself).
+/// the handoff arrived, writes the users itself); and gives up the
+/// handoff's claim on its slots.
 struct Undo<'a> {
     member: &'a Member,
     handoff: &'a Handoff,
     /// The handoff's slots, by slot.
     these: &'a [bool],
+    /// The handoff's claim on its slots (see [`HandedIn::claimed`]).
+    claim: u64,
     armed: bool,
 }
 
 impl Drop for Undo<'_> {
     fn drop(&mut self) {
-        let _installing = self.member.handed_in();
+        let mut handed_in = self.member.handed_in();
+        let claim = self.claim;
+        handed_in.claimed.retain(|_, (_, by)| *by != claim);
         if self.armed && self.member.receiving(self.handoff).is_ok() {
             let these = self.these;
             let dropped = self
@@ -172,10 +177,43 @@ struct Inner {
     let_go: watch::Sender<u64>,
     /// Wakes the follower for an early look at the ring.
     poke: Notify,
-    /// Slots being acquired whose handoff completed, with its epoch. Its
-    /// lock also makes a handoff's check and install of a chunk one step
-    /// against the slots starting to be served (see [`Member::serve`]).
-    handed_in: std::sync::Mutex<HashMap<Slot, u64>>,
+    /// The handoffs of slots being acquired. Its lock also makes a
+    /// handoff's check and install of a chunk one step against the slots
+    /// starting to be served (see [`Member::serve`]).
+    handed_in: std::sync::Mutex<HandedIn>,
+}
+
+/// The handoffs of slots being acquired, by slot.
+#[derive(Debug, Default)]
+struct HandedIn {
+    /// Those whose handoff completed, with its epoch.
+    complete: HashMap<Slot, u64>,
+    /// Those a handoff under way installs into, with its epoch and claim:
+    /// one handoff a slot, so that one cut cannot undo what another
+    /// installed, nor another's completion vouch for it.
+    claimed: HashMap<Slot, (u64, u64)>,
+    /// The last claim made.
+    claims: u64,
+}
+
+impl HandedIn {
+    /// Claims `handoff`'s slots for it, unless a handoff of one of them in
+    /// its epoch is under way or completed.
+    fn claim(&mut self, handoff: &Handoff) -> Result<u64, String> {
+        let epoch = handoff.epoch;
+        for slot in &handoff.slots {
+            if self.complete.get(slot) == Some(&epoch)
+                || self.claimed.get(slot).is_some_and(|(e, _)| *e == epoch)
+            {
+                return Err(format!("slot {slot} is handed over here already"));
+            }
+        }
+        self.claims += 1;
+        for &slot in &handoff.slots {
+            self.claimed.insert(slot, (epoch, self.claims));
+        }
+        Ok(self.claims)
+    }
 }
 
 impl Member {
@@ -214,7 +252,7 @@ impl Member {
         &self.inner.cache
     }
 
-    fn handed_in(&self) -> std::sync::MutexGuard<'_, HashMap<Slot, u64>> {
+    fn handed_in(&self) -> std::sync::MutexGuard<'_, HandedIn> {
         self.inner
             .handed_in
             .lock()
@@ -503,7 +541,14 @@ impl Member {
     /// told it arrived, writes the users itself).
     pub async fn receive(&self, handoff: Handoff, mut parts: Parts) -> Result<usize, Error> {
         self.catch_up(handoff.epoch, RECEIVE_WAIT).await;
-        self.receiving(&handoff)?;
+        let claim = {
+            let mut handed_in = self.handed_in();
+            self.receiving(&handoff)?;
+            (handed_in.claim(&handoff)).map_err(|reason| Error::HandoffRefused {
+                epoch: handoff.epoch,
+                reason,
+            })?
+        };
         let these = slot_set(&handoff.slots);
         let of_these = |user_id: u64| these[usize::from(slot_of(user_id))];
         // Drops what was installed unless the handoff completes, also when
@@ -512,6 +557,7 @@ impl Member {
             member: self,
             handoff: &handoff,
             these: &these,
+            claim,
             armed: true,
         };
         let mut installed = 0;
@@ -538,7 +584,7 @@ impl Member {
                         break Err(e);
                     }
                     for &slot in &handoff.slots {
-                        handed_in.insert(slot, handoff.epoch);
+                        handed_in.complete.insert(slot, handoff.epoch);
                     }
                     counter!(HANDED_IN_USERS).increment(installed as u64);
                     undo.armed = false;
@@ -660,7 +706,7 @@ impl Member {
         let incomplete: Vec<Slot> = slots
             .iter()
             .copied()
-            .filter(|slot| handed_in.get(slot) != Some(&epoch))
+            .filter(|slot| handed_in.complete.get(slot) != Some(&epoch))
             .collect();
         if !incomplete.is_empty() {
             let these = slot_set(&incomplete);
@@ -677,7 +723,7 @@ impl Member {
             }
         }
         for &slot in slots {
-            handed_in.remove(&slot);
+            handed_in.complete.remove(&slot);
             self.ownership().set(slot, SlotState::Serving);
         }
     }

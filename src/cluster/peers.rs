@@ -1,7 +1,8 @@
 //! The other nodes of the fleet, as this node calls them: a lazily
 //! connected gRPC channel per address (over mTLS when this node serves
 //! TLS), shared by `ReleaseSlots`, forwarded requests and the Apply
-//! streams that carry them (`HandOver` has a connection of its own).
+//! streams that carry them (`HandOver` has a connection of its own). Every
+//! call carries the fleet's token ([`GrpcPeers::request`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
+use super::credential::FleetCredential;
 use super::handoff::{self, Handoff, Part};
 use crate::proto::fleet_client::FleetClient;
 use crate::proto::{HandOverRequest, ReleaseSlotsRequest};
@@ -53,12 +55,14 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
 }
 
 /// Peers over gRPC.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct GrpcPeers {
     channels: Mutex<HashMap<String, Channel>>,
     streams: Mutex<Streams>,
     /// With it, peers are called over mTLS (this node's own TLS settings).
     tls: Option<Arc<Tls>>,
+    /// What shows the other nodes that a call is this node's.
+    credential: FleetCredential,
 }
 
 /// The Apply streams to other nodes.
@@ -71,12 +75,25 @@ struct Streams {
 }
 
 impl GrpcPeers {
-    pub fn new(tls: Option<Arc<Tls>>) -> GrpcPeers {
+    pub fn new(tls: Option<Arc<Tls>>, credential: FleetCredential) -> GrpcPeers {
         GrpcPeers {
             channels: Mutex::default(),
             streams: Mutex::default(),
             tls,
+            credential,
         }
+    }
+
+    /// `message` as a call of this node on another: with the fleet's token.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        self.stamp(request.metadata_mut());
+        request
+    }
+
+    /// Adds the fleet's token to the metadata of a call on another node.
+    pub fn stamp(&self, metadata: &mut MetadataMap) {
+        self.credential.stamp(metadata);
     }
 
     /// The Apply stream to `address` for requests this node forwards, or,
@@ -155,7 +172,7 @@ impl Peers for GrpcPeers {
         from: &str,
     ) -> Result<(), String> {
         let mut client = FleetClient::new(self.channel(address)?);
-        let mut request = tonic::Request::new(ReleaseSlotsRequest {
+        let mut request = self.request(ReleaseSlotsRequest {
             epoch,
             slots: slots.iter().map(|&s| u32::from(s)).collect(),
             node_id: from.to_owned(),
@@ -190,7 +207,7 @@ impl Peers for GrpcPeers {
                 }
             }
         });
-        call_hand_over(channel, ReceiverStream::new(requests))
+        call_hand_over(channel, self.request(ReceiverStream::new(requests)))
             .await
             .map_err(|status| format!("{address}: {}: {}", status.code(), status.message()))
     }
@@ -199,12 +216,10 @@ impl Peers for GrpcPeers {
 /// One `HandOver` call.
 async fn call_hand_over(
     channel: Channel,
-    requests: ReceiverStream<HandOverRequest>,
+    requests: tonic::Request<ReceiverStream<HandOverRequest>>,
 ) -> Result<usize, tonic::Status> {
     // No deadline: the sender bounds each step instead (see
     // `Member::hand_over`), since a large handoff takes a while.
-    let response = FleetClient::new(channel)
-        .hand_over(tonic::Request::new(requests))
-        .await?;
+    let response = FleetClient::new(channel).hand_over(requests).await?;
     Ok(response.into_inner().users_installed as usize)
 }

@@ -139,7 +139,7 @@ impl Router {
             .peers
             .channel(&node.address)
             .map_err(Status::unavailable)?;
-        let mut call = tonic::Request::new(request);
+        let mut call = self.peers.request(request);
         call.set_timeout(until.map_or(CHANGE_TIMEOUT, |until| {
             until.saturating_duration_since(Instant::now())
         }));

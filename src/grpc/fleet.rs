@@ -9,6 +9,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::route::Router;
 use super::validate;
 use crate::channel_state::ChannelState;
+use crate::clock;
+use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::fleet_server::Fleet;
 use crate::proto::{
@@ -65,7 +67,23 @@ impl Fleet for FleetService {
         &self,
         request: Request<CopyChannelsRequest>,
     ) -> Result<Response<CopyChannelsResponse>, Status> {
-        let copies: Vec<ChannelState> = (request.into_inner().channels.into_iter())
+        let copies = request.into_inner().channels;
+        // Kept for good once taken (only a newer copy replaces it): a copy
+        // from after the owner's clock could never be replaced.
+        if let Some(copy) = copies.iter().find(|c| !clock::issued_by_now(c.version)) {
+            return Err(Error::invalid(
+                "channels.version",
+                format!(
+                    "channel {}'s copy has version {}, more than {:?} after this node's \
+                     clock: no owner issued it",
+                    copy.channel_id,
+                    copy.version,
+                    clock::MAX_AHEAD
+                ),
+            )
+            .into());
+        }
+        let copies: Vec<ChannelState> = (copies.into_iter())
             .filter(|copy| copy.channel_id != 0)
             .map(ChannelState::from)
             .collect();

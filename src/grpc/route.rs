@@ -254,9 +254,11 @@ impl Router {
     }
 
     /// What marks a request this node sends on: forwarded from here, and
-    /// `passed_on` to a previous owner.
+    /// `passed_on` to a previous owner, with the fleet's token that lets
+    /// it be taken as such.
     fn marks(&self, passed_on: bool) -> MetadataMap {
         let mut metadata = MetadataMap::new();
+        self.peers.stamp(&mut metadata);
         if let Ok(value) = MetadataValue::try_from(self.member.id()) {
             metadata.insert(FORWARDED, value);
         }

@@ -26,7 +26,7 @@ use readstates::proto::apply_item::Change;
 use readstates::proto::apply_result::Outcome;
 
 use crate::apply::Applier;
-use crate::helpers::{TestApp, spawn_member, test_config};
+use crate::helpers::{TestApp, as_node, spawn_member, test_config};
 use crate::watch::Watcher;
 
 const SERVED_WITHIN: Duration = Duration::from_secs(20);
@@ -200,6 +200,7 @@ async fn a_forwarded_request_is_not_forwarded_again() {
     request
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
+    as_node(&mut request);
     let refused = b.client.ack(request).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     let owner = refused.metadata().get(OWNER).unwrap().to_str().unwrap();
@@ -255,6 +256,7 @@ async fn a_dead_owner_holds_its_slots_until_released_by_force() {
     forwarded
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
+    as_node(&mut forwarded);
     let started = tokio::time::Instant::now();
     let refused = b.client.ack(forwarded).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
@@ -660,6 +662,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
     forwarded
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
+    as_node(&mut forwarded);
     let answer = tokio::time::timeout(Duration::from_secs(10), b.client.ack(forwarded))
         .await
         .expect("answered, not hung");
@@ -673,6 +676,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
         ..MessageCreatedRequest::default()
     });
     part.metadata_mut().insert(FORWARDED, "c".parse().unwrap());
+    as_node(&mut part);
     let answer = tokio::time::timeout(Duration::from_secs(10), b.client.message_created(part))
         .await
         .expect("answered, not hung");

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::fleet::{adopted, first_read_state, reweigh};
-use crate::helpers::{TestApp, spawn_member, test_config};
+use crate::helpers::{TestApp, as_node, spawn_member, test_config};
 
 /// A stand-in for an old owner "x": answers ReleaseSlots once told to.
 #[derive(Clone)]
@@ -94,7 +94,19 @@ enum Ending {
     ReleasedFirst,
 }
 
-async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
+/// A fleet of b and a stand-in x, whose slots b is acquiring from x (which
+/// answers ReleaseSlots once `release` says so).
+struct Acquiring {
+    b: TestApp,
+    store: Arc<MemoryStore>,
+    ring: Arc<MemoryRingStore>,
+    release: watch::Sender<bool>,
+    epoch: u64,
+    /// A user whose slot moves from x to b.
+    user: u64,
+}
+
+async fn acquiring_from_a_stand_in() -> Acquiring {
     let store = Arc::new(MemoryStore::new());
     let ring = Arc::new(MemoryRingStore::default());
     // The fake old owner x.
@@ -137,6 +149,25 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
                 && record.previous.owner_of(u).unwrap().id == "x"
         })
         .unwrap();
+    Acquiring {
+        b,
+        store,
+        ring,
+        release: release_tx,
+        epoch,
+        user,
+    }
+}
+
+async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
+    let Acquiring {
+        mut b,
+        store,
+        ring,
+        release: release_tx,
+        epoch,
+        user,
+    } = acquiring_from_a_stand_in().await;
     // What x held of the user at its copy ahead: channel 1 acked to 5,
     // written (version 5).
     store
@@ -185,6 +216,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
         .await
         .unwrap();
     let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
+    as_node(&mut request);
     if ending == Ending::Timeout {
         request.set_timeout(Duration::from_millis(800));
     }
@@ -395,4 +427,138 @@ async fn deletion_memory(capacity: usize) {
         again.updated, 0,
         "a retried MessageDeleted lowered users again"
     );
+}
+
+/// A user x hands over: channel 1 acked to `acked` at `version`, of which
+/// the store holds `written`.
+fn handed(user_id: u64, acked: u64, version: u64, written: u64) -> HandedUser {
+    HandedUser {
+        user_id,
+        version,
+        written_version: written,
+        delta_floor: 0,
+        clear_pending: false,
+        read_states: vec![HandedReadState {
+            channel_id: 1,
+            kind: 0,
+            last_acked_id: acked,
+            last_message_id: acked,
+            version,
+            mention_count: 0,
+            unread_count: 0,
+            deleted: false,
+            muted: false,
+            parent_id: 0,
+        }],
+        unwritten_for_ms: 0,
+    }
+}
+
+/// A whole handoff of `user` from x to b in `epoch`, sent as a node.
+async fn hand_over_whole(
+    b: &TestApp,
+    epoch: u64,
+    user: HandedUser,
+) -> Result<HandOverResponse, Status> {
+    let mut client = RawFleet::connect(format!("http://{}", b.addr))
+        .await
+        .unwrap();
+    let mut request = Request::new(futures::stream::iter([HandOverRequest {
+        epoch,
+        slots: vec![u32::from(slot_of(user.user_id))],
+        node_id: "x".into(),
+        users: vec![user],
+        done: true,
+        users_sent: 1,
+        ..HandOverRequest::default()
+    }]));
+    as_node(&mut request);
+    client.hand_over(request).await.map(Response::into_inner)
+}
+
+/// x releases the slots to b, which then serves them.
+async fn released(fleet: &Acquiring) {
+    fleet.release.send(true).unwrap();
+    fleet.ring.report("x", fleet.epoch).await.unwrap();
+    admin::wait_served(&*fleet.ring, fleet.epoch, Duration::from_secs(20))
+        .await
+        .unwrap();
+}
+
+/// Issue 35, item 1: a stranger's HandOver naming the same sender and
+/// slots, cut midway, made the receiver drop what the real handoff had
+/// installed (15,225 moving users' unwritten changes lost). One handoff a
+/// slot and epoch: a second is refused, and undoes nothing.
+#[tokio::test]
+async fn a_second_handoff_of_a_slot_is_refused_and_undoes_nothing_of_the_first() {
+    let mut fleet = acquiring_from_a_stand_in().await;
+    let (epoch, user) = (fleet.epoch, fleet.user);
+    // The real handoff: the user acked to 9, unwritten.
+    let answer = hand_over_whole(&fleet.b, epoch, handed(user, 9, 9, 0)).await;
+    assert_eq!(answer.unwrap().users_installed, 1);
+    // A second one, of an older copy, cut before it is done.
+    let (send, requests) = tokio::sync::mpsc::channel(4);
+    send.send(HandOverRequest {
+        epoch,
+        slots: vec![u32::from(slot_of(user))],
+        node_id: "x".into(),
+        users: vec![handed(user, 3, 3, 0)],
+        ..HandOverRequest::default()
+    })
+    .await
+    .unwrap();
+    let mut client = RawFleet::connect(format!("http://{}", fleet.b.addr))
+        .await
+        .unwrap();
+    let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
+    as_node(&mut request);
+    let call = tokio::spawn(async move { client.hand_over(request).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(send);
+    let refused = call.await.unwrap().unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    released(&fleet).await;
+    let served = first_read_state(&mut fleet.b, user).await;
+    assert_eq!(served.map(|s| s.last_acked_id), Some(9));
+    let report = fleet.b.stop().await;
+    assert_eq!(report.unwritten, 0);
+    let stored = fleet.store.load(user).await.unwrap();
+    assert_eq!(stored.read_states.first().map(|s| s.last_acked_id), Some(9));
+}
+
+/// Issue 35, item 1: a forged user of version 2^62 was installed, served
+/// and written, and a forged channel copy of version 2^64-1 could never be
+/// replaced. A version from after the receiver's clock (beyond the skew a
+/// fleet tolerates) was issued by no node: refused, even from a node.
+#[tokio::test]
+async fn versions_from_after_the_clock_are_refused_from_a_node() {
+    let mut fleet = acquiring_from_a_stand_in().await;
+    let (epoch, user) = (fleet.epoch, fleet.user);
+    let forged = handed(user, 999, 1 << 62, 0);
+    let refused = hand_over_whole(&fleet.b, epoch, forged).await.unwrap_err();
+    assert!(
+        refused.message().contains("after this node's clock"),
+        "{refused:?}"
+    );
+    let mut copy = Request::new(CopyChannelsRequest {
+        channels: vec![readstates::proto::ChannelStateCopy {
+            channel_id: 7,
+            counted_from: 1,
+            version: u64::MAX,
+            ..Default::default()
+        }],
+    });
+    as_node(&mut copy);
+    let mut client = RawFleet::connect(format!("http://{}", fleet.b.addr))
+        .await
+        .unwrap();
+    let refused = client.copy_channels(copy).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    released(&fleet).await;
+    assert_eq!(first_read_state(&mut fleet.b, user).await, None);
+    fleet.b.stop().await;
 }

@@ -6,6 +6,7 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use readstates::app::{Application, BoxError};
+use readstates::cluster::credential::FleetCredential;
 use readstates::cluster::ring_store::RingStore;
 use readstates::config::{Config, Settings, StoreKind};
 use readstates::proto::read_states_client::ReadStatesClient;
@@ -59,7 +60,17 @@ impl TestApp {
     }
 }
 
-/// The test configuration: memory store, ports chosen by the OS.
+/// The secret of the tests' fleets.
+pub const FLEET_SECRET: &str = "the test fleet's own secret";
+
+/// Marks `request` as a call of one of the fleet's nodes: with the token
+/// of [`FLEET_SECRET`].
+pub fn as_node<T>(request: &mut tonic::Request<T>) {
+    FleetCredential::new(FLEET_SECRET).stamp(request.metadata_mut());
+}
+
+/// The test configuration: memory store, ports chosen by the OS, the
+/// fleet's secret (taken only by nodes of a fleet).
 pub fn test_config() -> Config {
     Config::resolve(Settings {
         listen: Some("127.0.0.1:0".parse().unwrap()),
@@ -68,6 +79,7 @@ pub fn test_config() -> Config {
         shards: Some(4),
         shutdown_timeout: Some(Duration::from_secs(10)),
         threads: Some(true),
+        fleet_secret: Some(Some(FLEET_SECRET.parse().unwrap())),
         ..Settings::default()
     })
 }

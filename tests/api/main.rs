@@ -23,4 +23,5 @@ mod restart;
 mod set_muted;
 mod threads;
 mod tls;
+mod trust;
 mod watch;

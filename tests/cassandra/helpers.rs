@@ -122,6 +122,8 @@ impl Server {
             ])
             .args(args)
             .env_remove("RUST_LOG")
+            // Taken by fleet nodes only: what they prove to each other with.
+            .env("READSTATES_FLEET_SECRET", "the test fleet's own secret")
             .stderr(Stdio::piped())
             .spawn()
             .expect("start readstates");

@@ -140,7 +140,7 @@ impl Relays {
             .channel(&node.address)
             .map_err(|_| unrelayed())?;
         let (requests, receiver) = mpsc::channel(UPSTREAM_QUEUE);
-        let mut request = tonic::Request::new(ReceiverStream::new(receiver));
+        let mut request = self.router.peers.request(ReceiverStream::new(receiver));
         if let Ok(value) = MetadataValue::try_from(self.router.member.id()) {
             request.metadata_mut().insert(FORWARDED, value);
         }

@@ -1,0 +1,131 @@
+//! Who may speak as a node of the fleet (issue 35, items 1 and 2): only a
+//! call that carries the fleet's token may use the `Fleet` service or be
+//! taken as forwarded or passed on by a node; a client's gets
+//! PERMISSION_DENIED, changes nothing, and is counted.
+
+use futures::stream;
+use readstates::grpc::route::{FORWARDED, PASSED_ON};
+use readstates::proto::fleet_client::FleetClient;
+use readstates::proto::*;
+use readstates::test_support::message;
+use tonic::{Code, Request};
+
+use crate::apply::Applier;
+use crate::fleet::two_nodes;
+use crate::helpers::{as_node, spawn_app_with, test_config};
+
+const REFUSED: &str = "readstates_node_calls_refused_total";
+
+/// The number `metrics` gives the series that starts with `series`.
+fn value_of(metrics: &str, series: &str) -> f64 {
+    (metrics.lines())
+        .find(|line| line.starts_with(series))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Before the fix, each of these was served to anyone: a stranger's
+/// `HandOver` cut midway dropped what the real handoff had installed, a
+/// forged one was served and written, a forged `CopyChannels` pinned
+/// wrong counts, and `ReleaseSlots` was answered.
+#[tokio::test]
+async fn a_client_without_the_fleet_token_cannot_call_the_fleet_service() {
+    let (_ring, a, b) = two_nodes("a", "b").await;
+    let mut fleet = FleetClient::new(a.channel().await);
+    let release = || ReleaseSlotsRequest {
+        epoch: 2,
+        slots: vec![],
+        node_id: "b".into(),
+    };
+    let refusals = [
+        fleet.release_slots(release()).await.map(|_| ()),
+        (fleet.copy_channels(CopyChannelsRequest {
+            channels: vec![ChannelStateCopy {
+                channel_id: 7,
+                counted_from: 1,
+                version: u64::MAX,
+                ..ChannelStateCopy::default()
+            }],
+        }))
+        .await
+        .map(|_| ()),
+        (fleet.change_channel(ChangeChannelRequest {
+            channel_id: 7,
+            message_id: 2,
+            deleted: false,
+        }))
+        .await
+        .map(|_| ()),
+        (fleet.hand_over(stream::iter([HandOverRequest {
+            epoch: 2,
+            slots: vec![0],
+            node_id: "b".into(),
+            done: true,
+            ..HandOverRequest::default()
+        }])))
+        .await
+        .map(|_| ()),
+    ];
+    for refused in refusals {
+        let refused = refused.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains("fleet"), "{refused:?}");
+    }
+    // Another fleet's token is no better.
+    let mut forged = Request::new(release());
+    forged
+        .metadata_mut()
+        .insert("x-readstates-fleet-token", "00".repeat(32).parse().unwrap());
+    let refused = fleet.release_slots(forged).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // The fleet's own nodes are answered.
+    let mut request = Request::new(release());
+    as_node(&mut request);
+    fleet.release_slots(request).await.unwrap();
+    let metrics = a.metrics().await;
+    let missing = format!("{REFUSED}{{reason=\"missing\"}}");
+    assert!(value_of(&metrics, &missing) >= 4.0, "{metrics}");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// Before the fix, a client's stream marked as forwarded was not counted
+/// against `--max-apply-streams`, and a message marked so could claim its
+/// channel had taken it, skipping the check that a client's may not.
+#[tokio::test]
+async fn a_client_cannot_mark_its_calls_as_a_node_s() {
+    let mut config = test_config();
+    config.max_apply_streams = 1;
+    let mut app = spawn_app_with(config).await;
+    let _only = Applier::open(&app).await;
+    for marker in [FORWARDED, PASSED_ON] {
+        let mut stream = Request::new(stream::empty::<ApplyRequest>());
+        stream.metadata_mut().insert(marker, "n1".parse().unwrap());
+        let refused = app.client.apply(stream).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{marker}: {refused:?}"
+        );
+
+        let mut created = Request::new(MessageCreatedRequest {
+            channel_taken: Some(ChannelTaken { holds: true }),
+            ..message(9, 100, 0, &[1], &[2])
+        });
+        created.metadata_mut().insert(marker, "n1".parse().unwrap());
+        let refused = app.client.message_created(created).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{marker}: {refused:?}"
+        );
+    }
+    // Nothing counted.
+    for user in [1, 2] {
+        assert!(app.all_read_states(user).await.read_states.is_empty());
+    }
+    // An unmarked stream is still refused at the limit.
+    let refused = Applier::try_open(app.channel().await, 1).await.err();
+    assert_eq!(refused.map(|s| s.code()), Some(Code::ResourceExhausted));
+    app.stop().await;
+}
