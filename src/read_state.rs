@@ -132,6 +132,12 @@ impl ReadState {
         self.last_acked_id.max(self.last_message_id)
     }
 
+    /// Whether reading up to `message_id` changes it: an ack that moves,
+    /// or counts to clear ("mark all read" skips the rest).
+    fn unread_up_to(&self, message_id: u64) -> bool {
+        message_id > self.last_acked_id || self.mention_count > 0 || self.unread_count > 0
+    }
+
     /// A normal ack to `message_id`: read up to it, nothing left to count.
     fn read_up_to(&mut self, message_id: u64) {
         self.last_acked_id = message_id;
@@ -540,9 +546,7 @@ impl<E: Entries> UserReadStates<E> {
             .entries
             .iter()
             .filter(|e| !e.deleted && (kinds.is_empty() || kinds.contains(&e.kind)))
-            .filter(|e| {
-                read_up_to(e) > e.last_acked_id || e.mention_count > 0 || e.unread_count > 0
-            })
+            .filter(|e| e.unread_up_to(read_up_to(e)))
             .map(|e| (e.key(), read_up_to(e)))
             .collect();
         self.read_each(&acks, now_us)

@@ -156,7 +156,7 @@ impl<E: Entries> UserReadStates<E> {
     pub fn ack_threads_of(&mut self, parent_id: u64, now_us: u64) -> u32 {
         let acks: Vec<(Key, u64)> = (self.view().threads())
             .filter(|&(e, parent)| parent == parent_id && !e.deleted)
-            .filter(|(e, _)| e.mention_count > 0 || e.unread_count > 0)
+            .filter(|(e, _)| e.unread_up_to(e.counted_up_to()))
             .map(|(e, _)| (e.key(), e.counted_up_to()))
             .collect();
         self.read_each(&acks, now_us)

@@ -240,3 +240,26 @@ fn ids_the_wire_never_sends_make_no_thread_and_no_panic() {
     assert_eq!(user.reply(T1, PARENT, 0, Replied::Mentioned, 3), Ok(true));
     assert_eq!(user.get(key(T1)).unwrap().last_acked_id, 0);
 }
+
+/// Issue 35, item 9: with a parent, AckAll read only threads that had
+/// counts, so a thread whose reply was deleted (no counts, acked below its
+/// watermark) was left unread up to it, unlike AckAll of kind THREAD.
+#[test]
+fn acking_a_parent_s_threads_reads_each_up_to_its_watermark() {
+    let mut user = UserReadStates::default();
+    user.reply(T1, PARENT, 3, Replied::Mentioned, 1).unwrap();
+    assert!(user.message_deleted(key(T1), 3, true, 2));
+    let thread = user.get(key(T1)).unwrap();
+    assert_eq!(
+        (
+            thread.last_acked_id,
+            thread.mention_count,
+            thread.unread_count
+        ),
+        (2, 0, 0)
+    );
+    assert_eq!(user.ack_threads_of(PARENT, 3), 1);
+    let thread = user.get(key(T1)).unwrap();
+    assert_eq!((thread.last_acked_id, thread.last_message_id), (3, 3));
+    assert_eq!(user.ack_threads_of(PARENT, 4), 0, "read already");
+}
