@@ -2,7 +2,7 @@
 //! [`crate::cluster::admin`]), printing what it did.
 
 use crate::app::BoxError;
-use crate::cluster::admin::{RingChange, change, describe, release, wait_served};
+use crate::cluster::admin::{RingChange, describe, operator_change, release, wait_served};
 use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, RingAction, WaitArgs};
@@ -42,7 +42,7 @@ pub async fn run(config: &Config, action: RingAction) -> Result<(), BoxError> {
         RingAction::Remove { node, wait } => (RingChange::Remove { node }, wait),
     };
     let started = tokio::time::Instant::now();
-    let record = change(&store, ring_change).await?;
+    let record = operator_change(&store, ring_change).await?;
     let epoch = record.ring.epoch();
     println!("epoch {epoch}: {} slots move", record.moving().count());
     if let WaitArgs {

@@ -93,6 +93,24 @@ pub async fn change(store: &dyn RingStore, change: RingChange) -> Result<RingRec
     Ok(next)
 }
 
+/// [`change`], made by an operator (`readstates ring`): a weight an
+/// operator sets, or a node removed, is a choice that stands, so a weight
+/// the node drained from is forgotten and not taken back at its next start.
+pub async fn operator_change(
+    store: &dyn RingStore,
+    ring_change: RingChange,
+) -> Result<RingRecord, AdminError> {
+    let node = match &ring_change {
+        RingChange::SetWeight { node, .. } | RingChange::Remove { node } => Some(node.clone()),
+        RingChange::Add(_) => None,
+    };
+    let record = change(store, ring_change).await?;
+    if let Some(node) = node {
+        store.set_drained_weight(&node, None).await?;
+    }
+    Ok(record)
+}
+
 /// Declares `node`'s moving slots of the current epoch released, so their
 /// new owners stop waiting for it; only with `force`. Returns how many.
 pub async fn release(store: &dyn RingStore, node: &str, force: bool) -> Result<usize, AdminError> {

@@ -83,7 +83,12 @@ impl Presence {
                 node: id.to_owned(),
                 weight: 0,
             };
-            if let Some(epoch) = self.in_turn(change, Some(deadline)).await? {
+            let made = self.in_turn(change, Some(deadline)).await;
+            if made.is_err() {
+                // Not drained: the weight stays, and is no drained one.
+                self.ring_store.set_drained_weight(id, None).await?;
+            }
+            if let Some(epoch) = made? {
                 tracing::info!(epoch, weight, "draining: slots handed to the other nodes");
                 let left = deadline.saturating_duration_since(Instant::now());
                 return admin::wait_served(&*self.ring_store, epoch, left).await;
@@ -231,5 +236,43 @@ mod tests {
             matches!(refused, Err(AdminError::HandoffUnderWay { .. })),
             "{refused:?}"
         );
+    }
+
+    /// Issue 35, item 10: a drain refused (the last node with a weight)
+    /// left its weight remembered as drained, so a node an operator parked
+    /// at 0 afterwards put itself back at that weight on its next start.
+    #[tokio::test(start_paused = true)]
+    async fn a_weight_is_taken_back_only_from_a_drain_that_was_made() {
+        let ring = Arc::new(MemoryRingStore::default());
+        let stop = CancellationToken::new();
+        let alone = presence(&ring, "n1", 100);
+        alone.join(&stop).await.unwrap();
+        serve(&ring).await;
+        let refused = alone.drain(Duration::from_secs(1)).await;
+        assert!(
+            matches!(refused, Err(AdminError::NoOwnerLeft)),
+            "{refused:?}"
+        );
+        assert_eq!(ring.drained_weight("n1").await.unwrap(), None);
+        // An operator's weight stands, even over a drain that was made.
+        let b = presence(&ring, "b", 100);
+        b.join(&stop).await.unwrap();
+        serve(&ring).await;
+        let draining = tokio::spawn({
+            let alone = alone.clone();
+            async move { alone.drain(Duration::from_secs(5)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        serve(&ring).await;
+        draining.await.unwrap().unwrap();
+        assert_eq!(ring.drained_weight("n1").await.unwrap(), Some(100));
+        let parked = RingChange::SetWeight {
+            node: "n1".into(),
+            weight: 0,
+        };
+        admin::operator_change(&*ring, parked).await.unwrap();
+        serve(&ring).await;
+        assert_eq!(alone.join(&stop).await.unwrap(), None, "at 0 by choice");
+        assert_eq!(weight(&ring.load().await.unwrap(), "n1"), Some(0));
     }
 }
