@@ -185,9 +185,16 @@ impl Application {
         ));
 
         let (health, health_service) = tonic_health::server::health_reporter();
-        health
-            .set_serving::<ReadStatesServer<ReadStatesService>>()
-            .await;
+        // A fleet node is ready once it routes (below).
+        if ring_store.is_none() {
+            health
+                .set_serving::<ReadStatesServer<ReadStatesService>>()
+                .await;
+        } else {
+            health
+                .set_not_serving::<ReadStatesServer<ReadStatesService>>()
+                .await;
+        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -210,33 +217,46 @@ impl Application {
             _ => None,
         };
         let node_calls = NodeCalls::new(config.fleet_credential());
-        let (fleet, follower, copier) =
-            match (ring_store, &config.node_id, config.fleet_credential()) {
-                (Some(ring_store), Some(node_id), Some(credential)) => {
-                    let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
-                    let member = Member::new(
-                        node_id.clone(),
-                        ring_store,
-                        cache.clone(),
-                        peers.clone(),
-                        MemberConfig {
-                            ring_poll: config.ring_poll,
-                            ..MemberConfig::default()
-                        },
-                    );
-                    let follower = member.start(stop.clone());
-                    let copier = Copier::new(member.clone(), peers.clone());
-                    let copying = tokio::spawn(copier.clone().run(stop.clone()));
-                    let router = Router {
-                        member,
-                        peers,
-                        copier,
-                    };
-                    service = service.routed(router.clone());
-                    (Some(router), Some(follower), Some(copying))
-                }
-                _ => (None, None, None),
-            };
+        let (fleet, follower, copier) = match (
+            ring_store,
+            &config.node_id,
+            config.fleet_credential(),
+        ) {
+            (Some(ring_store), Some(node_id), Some(credential)) => {
+                let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
+                let member = Member::new(
+                    node_id.clone(),
+                    ring_store,
+                    cache.clone(),
+                    peers.clone(),
+                    MemberConfig {
+                        ring_poll: config.ring_poll,
+                        ..MemberConfig::default()
+                    },
+                );
+                let follower = member.start(stop.clone());
+                // Ready once the ring is read: before, every request would
+                // be refused as another node's (Kubernetes sends none
+                // until then).
+                let (ready, routing, stopping) = (health.clone(), member.clone(), stop.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = routing.routing() => ready.set_serving::<ReadStatesServer<ReadStatesService>>().await,
+                        () = stopping.cancelled() => {}
+                    }
+                });
+                let copier = Copier::new(member.clone(), peers.clone());
+                let copying = tokio::spawn(copier.clone().run(stop.clone()));
+                let router = Router {
+                    member,
+                    peers,
+                    copier,
+                };
+                service = service.routed(router.clone());
+                (Some(router), Some(follower), Some(copying))
+            }
+            _ => (None, None, None),
+        };
         // Only the fleet's nodes may call Fleet or speak as a node.
         let (calls, fleet_calls) = (node_calls.clone(), node_calls);
         let read_states =

@@ -177,6 +177,8 @@ struct Inner {
     let_go: watch::Sender<u64>,
     /// Wakes the follower for an early look at the ring.
     poke: Notify,
+    /// Set once the ring has been read and adopted: requests can be routed.
+    routing: watch::Sender<bool>,
     /// The handoffs of slots being acquired. Its lock also makes a
     /// handoff's check and install of a chunk one step against the slots
     /// starting to be served (see [`Member::serve`]).
@@ -235,6 +237,7 @@ impl Member {
                 released: watch::Sender::new(0),
                 let_go: watch::Sender::new(0),
                 poke: Notify::new(),
+                routing: watch::Sender::new(false),
                 handed_in: std::sync::Mutex::default(),
             }),
         }
@@ -272,6 +275,19 @@ impl Member {
         let _ = tokio::time::timeout(within, ring.wait_for(|r| r.ring.epoch() >= epoch)).await;
     }
 
+    /// Waits until this node has read the ring and adopted it, so that it
+    /// routes every request (before, it would refuse them all as not its
+    /// own): what its readiness waits for.
+    pub async fn routing(&self) {
+        // Never closed: the sender lives in `self`.
+        let _ = self
+            .inner
+            .routing
+            .subscribe()
+            .wait_for(|&routing| routing)
+            .await;
+    }
+
     /// Follows the ring until `stop`.
     pub fn start(&self, stop: CancellationToken) -> JoinHandle<()> {
         let member = self.clone();
@@ -288,7 +304,9 @@ impl Member {
                         () = stop.cancelled() => return,
                     }
                 }
-                Ok(_) => {}
+                Ok(_) => {
+                    self.inner.routing.send_replace(true);
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot read the ring"),
             }
             let epoch = self.ring().ring.epoch();
@@ -350,6 +368,7 @@ impl Member {
         }
 
         self.inner.ring.send_replace(record.clone());
+        self.inner.routing.send_replace(true);
         tracing::info!(epoch, releasing = left, "new epoch");
 
         // Lost slots, by whom they go to: their users handed over (copied

@@ -21,12 +21,15 @@ use readstates::store::memory::MemoryStore;
 use readstates_routing::client::FleetClient;
 use readstates_routing::{Node, slot_of};
 use tonic::{Code, Status};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 use readstates::proto::apply_item::Change;
 use readstates::proto::apply_result::Outcome;
 
 use crate::apply::Applier;
-use crate::helpers::{TestApp, as_node, spawn_member, test_config};
+use crate::helpers::{self, TestApp, as_node, spawn_member, test_config};
 use crate::watch::Watcher;
 
 const SERVED_WITHIN: Duration = Duration::from_secs(20);
@@ -966,4 +969,38 @@ async fn a_request_refused_by_goaway_counts_as_not_applied() {
     let refused = b.client.get_read_states(request).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     refusing.abort();
+}
+
+/// The health service's word on `ReadStates` at `app`.
+async fn health_of(app: &TestApp) -> ServingStatus {
+    let request = HealthCheckRequest {
+        service: "readstates.v1.ReadStates".into(),
+    };
+    let mut health = HealthClient::new(app.channel().await);
+    let status = health.check(request).await.unwrap().into_inner().status;
+    ServingStatus::try_from(status).unwrap()
+}
+
+/// Issue 35, item 12: a fleet node said SERVING at start, before it had
+/// read the ring, and refused every request meanwhile (`not_owner`, epoch
+/// 0): Kubernetes sent a restarted pod requests it then failed.
+#[tokio::test]
+async fn a_node_is_ready_only_once_it_has_read_the_ring() {
+    let (store, ring) = shared();
+    let a = member("a", &store, &ring).await;
+    add(&ring, "a", &a, 100).await;
+    a.stop().await;
+    // Started again while the ring store is slow to answer.
+    ring.hold_loads(true);
+    let mut a = member("a", &store, &ring).await;
+    assert_eq!(health_of(&a).await, ServingStatus::NotServing);
+    let refused = a.client.ack(ack(1, 5)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    ring.hold_loads(false);
+    helpers::eventually("ready", async || {
+        health_of(&a).await == ServingStatus::Serving
+    })
+    .await;
+    a.client.ack(ack(1, 5)).await.unwrap();
+    a.stop().await;
 }

@@ -12,6 +12,8 @@ use crate::store::StoreError;
 pub struct MemoryRingStore {
     state: Mutex<(RingRecord, BTreeMap<String, u64>)>,
     drained: Mutex<BTreeMap<String, u32>>,
+    /// While true, loads wait (a ring store slow to answer, for tests).
+    held: tokio::sync::watch::Sender<bool>,
 }
 
 impl Default for MemoryRingStore {
@@ -19,11 +21,17 @@ impl Default for MemoryRingStore {
         MemoryRingStore {
             state: Mutex::new((RingRecord::empty(), BTreeMap::new())),
             drained: Mutex::default(),
+            held: tokio::sync::watch::Sender::new(false),
         }
     }
 }
 
 impl MemoryRingStore {
+    /// Makes loads wait (`true`) until told otherwise.
+    pub fn hold_loads(&self, held: bool) {
+        self.held.send_replace(held);
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, (RingRecord, BTreeMap<String, u64>)> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -32,6 +40,8 @@ impl MemoryRingStore {
 #[async_trait]
 impl RingStore for MemoryRingStore {
     async fn load(&self) -> Result<RingRecord, StoreError> {
+        // Never closed: the sender lives in `self`.
+        let _ = self.held.subscribe().wait_for(|&held| !held).await;
         Ok(self.state().0.clone())
     }
 
