@@ -33,7 +33,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
-use crate::client::{ALL_ANSWERED, EPOCH, OWNER};
+use crate::client::{ALL_ANSWERED, EPOCH, OWNER, SAFE_TO_RETRY, safe_to_retry};
 use crate::proto::apply_item::Change;
 use crate::proto::apply_result::Outcome;
 use crate::proto::read_states_client::ReadStatesClient;
@@ -332,10 +332,10 @@ fn late() -> Status {
 }
 
 fn unanswered() -> Status {
-    Status::cancelled(
+    safe_to_retry(Status::cancelled(
         "the Apply stream ended before the change was answered: it may have been applied, and \
          is safe to send again",
-    )
+    ))
 }
 
 /// An item's outcome, its error as a [`Status`].
@@ -357,6 +357,9 @@ fn status(error: ApplyError) -> Status {
     }
     if error.epoch > 0 {
         metadata.insert(EPOCH, MetadataValue::from(error.epoch));
+    }
+    if error.safe_to_retry {
+        metadata.insert(SAFE_TO_RETRY, MetadataValue::from_static("1"));
     }
     Status::with_metadata(Code::from_i32(error.code), error.message, metadata)
 }

@@ -49,6 +49,12 @@ pub const FORWARDED: &str = "x-readstates-forwarded";
 /// decode): an item with no answer was not applied.
 pub const ALL_ANSWERED: &str = "x-readstates-all-answered";
 
+/// Trailing metadata of an error a node says is safe to send again: the
+/// change may or may not have been applied (a request it forwarded was
+/// cut by the owner's death), and applying it again counts nothing. Any
+/// client may retry what carries it.
+pub const SAFE_TO_RETRY: &str = "x-readstates-safe-to-retry";
+
 /// How long a call retries "not applied" answers by default: longer than a
 /// slot takes to move, or a node to restart.
 pub const RETRY_BUDGET: Duration = Duration::from_secs(10);
@@ -304,12 +310,24 @@ impl FleetClient {
     }
 }
 
-/// Whether `status` says its request was not applied, so that sending it
-/// again is what the caller wants: UNAVAILABLE from a node, a request the
-/// transport cut (see [`is_cut`]), or one a node refused unprocessed (see
-/// [`refused_by_goaway`]).
+/// Whether `status` says its request may be sent again: UNAVAILABLE from a
+/// node (not applied), an error a node marked [`SAFE_TO_RETRY`], a request
+/// the transport cut (see [`is_cut`]), or one a node refused unprocessed
+/// (see [`refused_by_goaway`]).
 pub fn not_applied(status: &Status) -> bool {
-    status.code() == Code::Unavailable || is_cut(status) || refused_by_goaway(status)
+    status.code() == Code::Unavailable
+        || status.metadata().contains_key(SAFE_TO_RETRY)
+        || is_cut(status)
+        || refused_by_goaway(status)
+}
+
+/// `status`, marked [`SAFE_TO_RETRY`].
+pub fn safe_to_retry(mut status: Status) -> Status {
+    status.metadata_mut().insert(
+        SAFE_TO_RETRY,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    status
 }
 
 /// A stream a node going away refused with a graceful GOAWAY: above the
@@ -332,8 +350,8 @@ pub fn refused_by_goaway(status: &Status) -> bool {
 /// was sent (a node shutting down), so nothing was applied; or an Apply
 /// stream ended before the item's answer, which is safe to send again. A
 /// node's own CANCELLED (its deadline passed) may come after the change
-/// was applied, and is not retried.
-fn is_cut(status: &Status) -> bool {
+/// was applied, and is not retried unless marked [`SAFE_TO_RETRY`].
+pub fn is_cut(status: &Status) -> bool {
     status.code() == Code::Cancelled && status.metadata().is_empty()
 }
 

@@ -31,7 +31,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::{Status, Streaming};
 
-use super::route::{ALL_ANSWERED, EPOCH, Hop, OWNER};
+use super::route::{ALL_ANSWERED, EPOCH, Hop, OWNER, SAFE_TO_RETRY};
 use super::validate::{self, MAX_APPLY_ITEMS};
 use super::{
     Origin, ReadStatesService, ack, ack_all, bulk_ack, delete_read_states, get_badge_counts,
@@ -566,5 +566,6 @@ fn apply_error(status: &Status) -> ApplyError {
         message: status.message().to_owned(),
         owner: text(OWNER).to_owned(),
         epoch: text(EPOCH).parse().unwrap_or(0),
+        safe_to_retry: metadata.contains_key(SAFE_TO_RETRY),
     }
 }

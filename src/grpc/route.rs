@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use readstates_routing::client::refused_by_goaway;
+use readstates_routing::client::{is_cut, refused_by_goaway, safe_to_retry};
 use readstates_routing::slot_of;
 use tokio::time::Instant;
 use tonic::metadata::{MetadataMap, MetadataValue};
@@ -29,7 +29,7 @@ use crate::proto::read_states_client::ReadStatesClient;
 
 /// Set on a forwarded request; on a refusal, the owner (`id@host:port`)
 /// and the epoch of that answer. Defined with the client that reads them.
-pub use readstates_routing::client::{ALL_ANSWERED, EPOCH, FORWARDED, OWNER};
+pub use readstates_routing::client::{ALL_ANSWERED, EPOCH, FORWARDED, OWNER, SAFE_TO_RETRY};
 
 /// Set, with [`FORWARDED`], on a request passed on to the previous owner
 /// of a slot by the node acquiring it: it goes no further.
@@ -249,6 +249,12 @@ impl Router {
                 true => Status::unavailable(format!(
                     "{owner} went away before taking the request: not applied"
                 )),
+                // Cut on its way there or back (the owner died): the
+                // caller is told it may send it again.
+                false if is_cut(&status) => safe_to_retry(Status::cancelled(format!(
+                    "the call to {owner} was cut before its answer: it may have been applied, \
+                     and is safe to send again"
+                ))),
                 false => status,
             })
     }

@@ -43,3 +43,38 @@ async fn a_change_sent_as_the_stream_ends_is_answered() {
     ending.await.unwrap();
     assert!(applier.is_ended());
 }
+
+/// Issue 35, item 13: a forward cut by the owner's death reached the
+/// client as CANCELLED "safe to send again" with the headers every answer
+/// of a node carries, and the client retried CANCELLED only with none.
+/// What a node marks safe to send again is retried, through an Apply
+/// item's error too; a node's other CANCELLED is not.
+#[test]
+fn what_a_node_marks_safe_to_send_again_is_retried() {
+    let mut headers = MetadataMap::new();
+    headers.insert("date", "Thu, 26 Nov 2026 15:03:03 GMT".parse().unwrap());
+    headers.insert("content-type", "application/grpc".parse().unwrap());
+    let with_headers = |status: Status| {
+        let mut metadata = headers.clone();
+        for (key, value) in status.metadata().iter().filter_map(|kv| match kv {
+            tonic::metadata::KeyAndValueRef::Ascii(key, value) => Some((key, value)),
+            tonic::metadata::KeyAndValueRef::Binary(..) => None,
+        }) {
+            metadata.insert(key.clone(), value.clone());
+        }
+        Status::with_metadata(status.code(), status.message(), metadata)
+    };
+    let cut = with_headers(unanswered());
+    assert_eq!(cut.code(), Code::Cancelled);
+    assert!(crate::client::not_applied(&cut), "{cut:?}");
+    let deadline = with_headers(Status::cancelled("the node's deadline passed"));
+    assert!(!crate::client::not_applied(&deadline), "{deadline:?}");
+    // As an Apply item's error, and back.
+    let item = ApplyError {
+        code: Code::Cancelled as i32,
+        message: cut.message().to_owned(),
+        safe_to_retry: true,
+        ..ApplyError::default()
+    };
+    assert!(crate::client::not_applied(&status(item)));
+}
