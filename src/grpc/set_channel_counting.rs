@@ -3,16 +3,17 @@
 //! counted per member stays in their read states, and messages past
 //! `counted_from` are counted by the channel.
 //!
-//! On a fleet the channel's owner switches it (a request reaching another
-//! node goes there, as one for a user does), and answers only once the
-//! switch is written and every node of the ring has a copy of it: from
-//! then on the backend sends messages without members, and a node that had
-//! not heard of the switch would count such a message per member, for
-//! nobody. A retry writes and sends it again.
+//! A switch is answered only once the store holds it, whatever the write
+//! delay: from then on the backend sends messages without members, which a
+//! node that lost the switch (killed before writing it) would count for
+//! nobody. On a fleet the channel's owner switches it (a request reaching
+//! another node goes there, as one for a user does), and answers only once
+//! every node of the ring also has a copy of it. A retry writes and sends
+//! it again.
 
 use std::sync::Arc;
 
-use super::{by_channel, validate};
+use super::validate;
 use crate::cache::Cache;
 use crate::cluster::copier::Copier;
 use crate::error::Error;
@@ -32,17 +33,14 @@ pub async fn handle(
         counted_from: already.counted_from,
     })?;
     let channels = cache.channels();
-    match copier {
-        None => by_channel::write_through(channels, channel_id).await?,
-        Some(copier) => {
-            (channels.write_now(channel_id).await).map_err(|e| Error::ChannelWriteFailed {
-                channel_id,
-                reason: e.to_string(),
-            })?;
-            let copy: Vec<_> = channels.get(channel_id).into_iter().collect();
-            (copier.send_to_all(&copy).await)
-                .map_err(|reason| Error::SwitchNotCopied { channel_id, reason })?;
-        }
+    (channels.write_now(channel_id).await).map_err(|e| Error::ChannelWriteFailed {
+        channel_id,
+        reason: e.to_string(),
+    })?;
+    if let Some(copier) = copier {
+        let copy: Vec<_> = channels.get(channel_id).into_iter().collect();
+        (copier.send_to_all(&copy).await)
+            .map_err(|reason| Error::SwitchNotCopied { channel_id, reason })?;
     }
     Ok(SetChannelCountingResponse { applied })
 }

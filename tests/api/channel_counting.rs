@@ -8,6 +8,7 @@ use std::time::Duration;
 use readstates::config::StoreKind;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::*;
+use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::test_support::{ack, delete, message};
 use tonic::Code;
@@ -637,4 +638,28 @@ async fn a_member_list_message_overtaken_by_the_switch_is_refused_and_counts_onc
         Some((0, 1, false)),
         "counted once"
     );
+}
+
+/// Issue 35, item 4: on a standalone node with write-behind the switch was
+/// answered before it was written, so a kill -9 within the write delay
+/// lost it, and every later message without members counted for nobody.
+/// It is answered once the store holds it, as on a fleet.
+#[tokio::test]
+async fn a_switch_is_answered_once_the_store_holds_it() {
+    let store = Arc::new(readstates::store::memory::MemoryStore::new());
+    let mut app = spawn_app_on(test_config(), store.clone()).await;
+    let answer = app
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await;
+    assert!(answer.unwrap().into_inner().applied);
+    let stored = store.load_channels().await.unwrap();
+    assert_eq!(
+        stored
+            .iter()
+            .map(|c| (c.channel_id(), c.counted_from()))
+            .collect::<Vec<_>>(),
+        [(CHANNEL, SWITCHED_AT)]
+    );
+    app.stop().await;
 }
