@@ -43,6 +43,8 @@ const RELEASE_POLL: Duration = Duration::from_millis(5);
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
+/// Evicted watched users a recount loads at once.
+const RECOUNT_LOADS: usize = 16;
 
 /// Write-through mode: how long after a change write-behind writes it if the
 /// request's own write failed or never finished.
@@ -472,11 +474,23 @@ impl Cache {
     }
 
     /// Tells the streams watching members of the `changed` channels counted
-    /// by channel their new counts (see [`crate::watch::recount`]).
-    pub fn recount(&self, changed: &[u64]) {
-        for index in 0..self.shards.len() {
-            self.with_shard(index, |shard| shard.recount(changed));
-        }
+    /// by channel their new counts (see [`crate::watch::recount`]); a
+    /// watched user evicted from the cache is loaded for it.
+    pub async fn recount(self: &Arc<Self>, changed: &[u64]) {
+        let evicted: Vec<u64> = (0..self.shards.len())
+            .flat_map(|index| self.with_shard(index, |shard| shard.recount(changed)))
+            .collect();
+        let loads = evicted.into_iter().map(|user_id| {
+            self.with_user(user_id, false, move |shard| {
+                shard.recount_one(user_id, changed)
+            })
+        });
+        // A user that cannot be loaded now (a store outage, its slot gone)
+        // is told its counts with its next change or recount.
+        let _ = futures::stream::iter(loads)
+            .buffer_unordered(RECOUNT_LOADS)
+            .collect::<Vec<_>>()
+            .await;
     }
 
     /// Unsubscribes `feed` from a user; whether it was subscribed.

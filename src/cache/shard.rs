@@ -425,21 +425,25 @@ impl Shard {
 
     /// Publishes, to the streams watching a member of the `changed`
     /// channels counted by channel, the member's counts there (counted now)
-    /// and totals. One look at each watched user held here.
-    pub(crate) fn recount(&mut self, changed: &[u64]) {
-        let channels = self.channels.clone();
+    /// and totals. One look at each watched user held here; returns the
+    /// watched users not held (evicted), whom the caller loads.
+    pub(crate) fn recount(&mut self, changed: &[u64]) -> Vec<u64> {
         let watched: Vec<u64> = self.watchers.keys().copied().collect();
-        for user_id in watched {
-            let Some(slot) = self.users.find(user_id) else {
-                continue;
-            };
-            let view = self.view(slot);
-            let change =
-                channels.read(|channels| Change::recounted(user_id, view, changed, channels));
-            if let Some(change) = change {
-                self.publish(change);
-            }
+        (watched.into_iter())
+            .filter(|&user_id| self.recount_one(user_id, changed).is_none())
+            .collect()
+    }
+
+    /// [`Shard::recount`] of one watched user; `None` if it is not held.
+    pub(crate) fn recount_one(&mut self, user_id: u64, changed: &[u64]) -> Option<()> {
+        let slot = self.users.find(user_id)?;
+        let view = self.view(slot);
+        let channels = self.channels.clone();
+        let change = channels.read(|channels| Change::recounted(user_id, view, changed, channels));
+        if let Some(change) = change {
+            self.publish(change);
         }
+        Some(())
     }
 
     fn unwatch(&mut self, user_id: u64) {

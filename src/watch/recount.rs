@@ -9,7 +9,8 @@
 //! watched member gets at most four such events a second, whatever the
 //! message rate, and a message costs no event per member. A tick with marks
 //! looks once at each watched user held by the node (its read states of the
-//! marked channels); a tick without costs nothing.
+//! marked channels), loading those the cache evicted; a tick without costs
+//! nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +34,11 @@ pub async fn run(cache: Arc<Cache>, every: Duration, stop: CancellationToken) {
         }
         let changed = cache.channels().take_recounted();
         if !changed.is_empty() {
-            cache.recount(&changed);
+            // Loads of evicted users may wait on the store: not shutdown.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = cache.recount(&changed) => {}
+            }
         }
     }
 }

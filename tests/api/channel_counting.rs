@@ -663,3 +663,37 @@ async fn a_switch_is_answered_once_the_store_holds_it() {
     );
     app.stop().await;
 }
+
+/// Issue 35, item 6: a watched member evicted from the cache was passed
+/// over by the recount, so its stream said nothing while its counts moved.
+#[tokio::test]
+async fn a_watched_member_evicted_from_the_cache_is_still_told_its_counts() {
+    let mut config = test_config();
+    config.shards = 1;
+    config.cache_capacity = 20;
+    config.write_delay = Duration::from_millis(50);
+    let mut app = spawn_app_with(config).await;
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    c.ack(join(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1]).await;
+    events.message().await.unwrap().unwrap();
+    // Written, then pushed out by 40 other users.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for user_id in 100..140 {
+        app.client.ack(ack(user_id, 7, 5)).await.unwrap();
+    }
+    app.client
+        .message_created(message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[]))
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(2), events.message());
+    let event = next.await.expect("a recount event").unwrap().unwrap();
+    let Some(watch_event::Event::Recounted(recounted)) = event.event else {
+        panic!("not a recount: {event:?}");
+    };
+    assert_eq!(event.user_id, 1);
+    assert_eq!(recounted.read_states[0].unread_count, 1);
+}
