@@ -150,8 +150,14 @@ impl ReadState {
 /// Tombstones older than this are dropped; a delta from before the oldest one
 /// dropped is answered with the full set.
 pub const TOMBSTONE_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-/// At most this many tombstones are kept per user, for the same reason.
+/// At most this many tombstones of channels (not threads) are kept per
+/// user, for the same reason.
 pub const MAX_TOMBSTONES_PER_USER: usize = 256;
+/// At most this many tombstones of threads are kept per user, as many as a
+/// user may follow: a thread's tombstone keeps its parent and how far it
+/// was read (see [`threads`]), so it goes only with age, or, past these,
+/// oldest first.
+pub const MAX_THREAD_TOMBSTONES: usize = threads::MAX_THREADS;
 
 /// The answer to "what changed since version N".
 #[derive(Debug, PartialEq, Eq)]
@@ -784,33 +790,45 @@ impl<E: Entries> UserReadStates<E> {
         self.unwritten_change += self.unwritten_count() as isize - before as isize;
     }
 
-    /// Drops written tombstones that are too old or too many, raising the
-    /// delta floor past them. Returns how many were dropped.
+    /// Drops written tombstones that are too old or too many (channels'
+    /// and threads' each against their own cap), raising the delta floor
+    /// past them. Returns how many were dropped.
     pub fn prune_tombstones(&mut self, now_us: u64) -> usize {
         let expired_before = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
-        let mut written: Vec<u64> = self
-            .entries
-            .iter()
-            .filter(|e| e.deleted && e.version <= self.written_version)
+        let channels = self.tombstone_cutoff(false, MAX_TOMBSTONES_PER_USER, expired_before);
+        let threads = self.tombstone_cutoff(true, MAX_THREAD_TOMBSTONES, expired_before);
+        if channels.is_none() && threads.is_none() {
+            return 0;
+        }
+        let before = self.entries.len();
+        // A thread's tombstone below a floor raised for channels stays: a
+        // delta never reaches below the floor, so it only keeps its rules.
+        self.retain_entries(|e| {
+            let cutoff = match e.kind == Kind::Thread {
+                true => threads,
+                false => channels,
+            };
+            !(e.deleted && cutoff.is_some_and(|cutoff| e.version <= cutoff))
+        });
+        self.delta_floor = (self.delta_floor).max(channels.max(threads).unwrap_or(0));
+        before - self.entries.len()
+    }
+
+    /// The version up to which the written tombstones of threads (or of
+    /// everything else) go: every expired one, and the oldest past `cap`;
+    /// `None` if none goes.
+    fn tombstone_cutoff(&self, threads: bool, cap: usize, expired_before: u64) -> Option<u64> {
+        let of_kind = |e: &&ReadState| e.deleted && (e.kind == Kind::Thread) == threads;
+        let mut written: Vec<u64> = (self.entries.iter())
+            .filter(of_kind)
+            .filter(|e| e.version <= self.written_version)
             .map(|e| e.version)
             .collect();
-        if written.is_empty() {
-            return 0;
-        }
-        let tombstones = self.entries.iter().filter(|e| e.deleted).count();
-        let excess = tombstones.saturating_sub(MAX_TOMBSTONES_PER_USER);
+        let excess = (self.entries.iter().filter(of_kind).count()).saturating_sub(cap);
         written.sort_unstable();
-        // Drop every expired one, and the oldest written ones beyond the cap.
         let expired = written.partition_point(|&v| v < expired_before);
         let drop = expired.max(excess.min(written.len()));
-        if drop == 0 {
-            return 0;
-        }
-        let cutoff = written[drop - 1];
-        let before = self.entries.len();
-        self.retain_entries(|e| !(e.deleted && e.version <= cutoff));
-        self.delta_floor = self.delta_floor.max(cutoff);
-        before - self.entries.len()
+        (drop > 0).then(|| written[drop - 1])
     }
 
     /// Whether a change may apply to `key` at `position`: a thread read

@@ -604,9 +604,12 @@ fn apply_model(whole: &mut Model, op: &Op) -> bool {
             for (key, state) in whole.states.iter_mut() {
                 let of_parent =
                     key.kind == Kind::Thread && whole.parents.get(&key.channel_id) == Some(&parent);
-                if of_parent && (state.mention_count > 0 || state.unread_count > 0) {
+                // As "mark all read": every one reading up to its
+                // watermark changes (issue 35, item 9).
+                let before = *state;
+                if of_parent {
                     state.read_up_to(state.counted_up_to());
-                    changed = true;
+                    changed |= *state != before;
                 }
             }
             return changed;

@@ -1,6 +1,7 @@
 //! Thread read states, rule by rule.
 
 use super::*;
+use crate::read_state::{MAX_TOMBSTONES_PER_USER, TOMBSTONE_RETENTION};
 
 const PARENT: u64 = 10;
 const OTHER_PARENT: u64 = 11;
@@ -262,4 +263,59 @@ fn acking_a_parent_s_threads_reads_each_up_to_its_watermark() {
     let thread = user.get(key(T1)).unwrap();
     assert_eq!((thread.last_acked_id, thread.last_message_id), (3, 3));
     assert_eq!(user.ack_threads_of(PARENT, 4), 0, "read already");
+}
+
+/// Issue 35, item 8: tombstones were capped at 256 a user and dropped by
+/// version, so deleting a parent of 257 threads (one version for all)
+/// dropped every tombstone once written: a redelivered reply brought a
+/// phantom unread thread back (Mattermost #22060), and a thread could
+/// change parent. A thread's tombstone goes only with age, or past as
+/// many as a user may follow, and a parent's deletion keeps them all.
+#[test]
+fn a_parent_s_deletion_keeps_every_thread_s_tombstone() {
+    let mut user = UserReadStates::default();
+    let threads = MAX_TOMBSTONES_PER_USER as u64 + 1;
+    for i in 0..threads {
+        user.follow(2000 + i, 200, 5, 1 + i).unwrap();
+    }
+    let now = 1000;
+    user.reply(2000, 200, 10, Replied::Mentioned, now).unwrap();
+    assert_eq!(user.delete(&[Key::channel(200)], now + 1), threads as u32);
+    user.mark_written(user.version());
+    assert_eq!(user.prune_tombstones(now + 2), 0);
+    assert_eq!(
+        user.reply(2000, 200, 10, Replied::Mentioned, now + 3),
+        Ok(false)
+    );
+    assert!(user.get(key(2000)).is_none());
+    assert!(matches!(
+        user.follow(2001, 999, 5, now + 4),
+        Err(ThreadRefusal::ParentChanged { .. })
+    ));
+    // Gone with age, as the docs say.
+    let week_later = user.version() + TOMBSTONE_RETENTION.as_micros() as u64 + 1;
+    assert_eq!(user.prune_tombstones(week_later), threads as usize);
+}
+
+/// Channels' tombstones still stop at 256, oldest first, without taking a
+/// thread's with them.
+#[test]
+fn the_cap_on_channel_tombstones_spares_the_threads() {
+    let mut user = UserReadStates::default();
+    user.follow(T1, PARENT, 5, 1).unwrap();
+    assert!(user.unfollow(T1, 2));
+    let channels = MAX_TOMBSTONES_PER_USER as u64 + 10;
+    for channel_id in 1..=channels {
+        user.ack(Key::channel(channel_id), 1, 2 + channel_id);
+    }
+    for channel_id in 1..=channels {
+        user.delete(&[Key::channel(channel_id)], 1000 + channel_id);
+    }
+    user.mark_written(user.version());
+    assert_eq!(user.prune_tombstones(2000), 10);
+    assert!(matches!(
+        user.follow(T1, OTHER_PARENT, 5, 3000),
+        Err(ThreadRefusal::ParentChanged { .. })
+    ));
+    assert!(!user.delta(1, &crate::channel_state::NoChannels).partial);
 }
