@@ -4,6 +4,8 @@
 //! [`Application::start`] starts ([`Running`]), and [`Running::stop`] stops
 //! in the documented order.
 
+mod linger;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +18,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
+
+use futures::StreamExt;
+use linger::{LINGER, Lingering};
 
 use crate::cache::{Cache, CacheConfig};
 use crate::cluster::copier::Copier;
@@ -274,14 +279,21 @@ impl Application {
             .add_service(read_states)
             .add_optional_service(fleet);
         let stopped = stop.clone().cancelled_owned();
+        let lingering = Lingering::default();
         let (server, tls_reloader) = match tls {
-            None => (
-                tokio::spawn(router.serve_with_incoming_shutdown(incoming(grpc), stopped)),
-                None,
-            ),
+            None => {
+                let lingers = lingering.clone();
+                let incoming = incoming(grpc).map(move |io| io.map(|io| lingers.wrap(io)));
+                (
+                    tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
+                    None,
+                )
+            }
             Some(tls) => {
                 let reloader = tls.clone().spawn_reloader(config.tls_poll, stop.clone());
-                let incoming = tls::incoming::incoming(grpc, tls, config.tls_handshake_timeout);
+                let lingers = lingering.clone();
+                let incoming = tls::incoming::incoming(grpc, tls, config.tls_handshake_timeout)
+                    .map(move |io| io.map(|io| lingers.wrap(io)));
                 (
                     tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped)),
                     Some(reloader),
@@ -320,6 +332,7 @@ impl Application {
             stop,
             server,
             server_ended: None,
+            lingering,
             write_behind,
             sampler,
             recount,
@@ -344,6 +357,8 @@ pub struct Running {
     /// Stops the gRPC server's accept loop, the sampler and `/metrics`.
     stop: CancellationToken,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
+    /// The connections closed, still read until their clients close them.
+    lingering: Lingering,
     /// The server's outcome, if it ended on its own.
     server_ended: Option<Result<Result<(), tonic::transport::Error>, JoinError>>,
     write_behind: WriteBehind,
@@ -428,6 +443,15 @@ impl Running {
             );
         } else {
             tracing::info!("every change written");
+        }
+        // The last bytes of the last connections reach their clients only
+        // while their sockets stay open (see `linger`), meanwhile the
+        // writes above went on.
+        if tokio::time::timeout(LINGER, self.lingering.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still lingering after {LINGER:?}; closed");
         }
         let _ = self.sampler.await;
         let _ = self.recount.await;

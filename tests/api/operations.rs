@@ -6,7 +6,7 @@ use std::time::Duration;
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::test_support::ack;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -154,4 +154,36 @@ async fn a_half_sent_metrics_request_does_not_hold_up_shutdown() {
         "shutdown hung on a half-sent metrics request"
     );
     drop(scraper);
+}
+
+/// Issue 35, item 7: at shutdown a Watch (or Apply) client lagging in flow
+/// control got part of its events, then the connection ended without a
+/// status. The server had sent everything and closed its socket; the
+/// client's window updates then met a closed socket, whose reset made the
+/// client's kernel drop what it had not read yet. A socket the server
+/// closes is now read until the client closes it: what a client sends
+/// after the server's last byte meets no reset. (Shown here on a
+/// connection the server ends at once, for a preface that is not HTTP/2.)
+#[tokio::test]
+async fn a_connection_the_server_ends_lingers_until_the_client_closes_it() {
+    let app = spawn_app().await;
+    let mut client = TcpStream::connect(app.addr).await.unwrap();
+    client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let ended = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer));
+    ended
+        .await
+        .expect("the server ends the connection")
+        .unwrap();
+    // Late bytes, as a client's window updates for what it reads.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(&[0; 13]).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut after = [0u8; 16];
+    let read = client.read(&mut after).await;
+    assert!(matches!(read, Ok(0)), "reset by the server: {read:?}");
+    drop(client);
+    app.stop().await;
 }
