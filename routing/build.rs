@@ -15,6 +15,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's, refusing an oversized Apply batch before decoding it.
+        .codec_path("crate::codec::CheckedCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -15,6 +15,7 @@ use readstates_routing::Node;
 use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
@@ -30,6 +31,7 @@ use crate::cluster::presence::Presence;
 use crate::cluster::ring_store::RingStore;
 use crate::cluster::ring_store::cassandra::CassandraRingStore;
 use crate::config::{Config, StoreKind};
+use crate::grpc::apply::MAX_BATCH_BYTES;
 use crate::grpc::fleet::FleetService;
 use crate::grpc::node_calls::NodeCalls;
 use crate::grpc::route::Router;
@@ -264,8 +266,10 @@ impl Application {
         };
         // Only the fleet's nodes may call Fleet or speak as a node.
         let (calls, fleet_calls) = (node_calls.clone(), node_calls);
-        let read_states =
-            ReadStatesServer::with_interceptor(service, move |request| calls.read_states(request));
+        let read_states = InterceptedService::new(
+            ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES),
+            move |request| calls.read_states(request),
+        );
         let fleet = fleet.map(|router| {
             FleetServer::with_interceptor(FleetService::new(router), move |request| {
                 fleet_calls.fleet(request)

@@ -7,7 +7,7 @@
 
 mod ack;
 mod ack_all;
-mod apply;
+pub mod apply;
 mod bulk_ack;
 mod by_channel;
 mod change_channel;
@@ -97,6 +97,8 @@ pub struct ReadStatesService {
     item_metrics: Arc<apply::ItemMetrics>,
     /// Bounds the Apply streams.
     apply_streams: Arc<Semaphore>,
+    /// What the Apply streams hold, node-wide.
+    apply_memory: apply::Memory,
     /// A fleet node's ring and peers; `None` when standalone.
     router: Option<route::Router>,
 }
@@ -175,6 +177,7 @@ impl ReadStatesService {
             metrics: Arc::new(metrics),
             item_metrics: Arc::new(apply::ItemMetrics::new(&config.node)),
             apply_streams: Arc::new(Semaphore::new(config.max_apply_streams)),
+            apply_memory: apply::Memory::default(),
             router: None,
             config,
         }

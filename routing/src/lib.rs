@@ -7,7 +7,8 @@
 //! - [`address`]: what a node's `host:port` may be.
 //! - [`ring`]: an epoch, the nodes with their weights, and the owner of every
 //!   slot, assigned by weighted rendezvous hashing.
-//! - [`proto`]: the `readstates.v1` API (client and server).
+//! - [`proto`]: the `readstates.v1` API (client and server), with its
+//!   [`codec`].
 //! - [`client`]: a client for a fleet that sends each request to its
 //!   user's owner, from the routing table, following redirects.
 //! - [`apply`]: one `Apply` stream to a node, shared by many callers, its
@@ -18,6 +19,7 @@
 pub mod address;
 pub mod apply;
 pub mod client;
+pub mod codec;
 pub mod proto;
 pub mod ring;
 pub mod slot;

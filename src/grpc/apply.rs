@@ -10,10 +10,16 @@
 //! answered in a later response when it is done. An item touching a user
 //! (or a channel's messages) of an item under way is held until that one
 //! is done, so each user's changes, and each channel's messages, apply in
-//! the order sent. At most [`MAX_ITEMS`] items are under
-//! way or unsent per stream, and the task stops reading past them, or when
-//! the client does not read its results: memory per stream stays bounded,
-//! and the client is slowed by flow control. Shutdown answers the items
+//! the order sent. At most [`MAX_ITEMS`] items (touching at most
+//! [`MAX_USERS`] users) are under way or unsent per stream, and at most
+//! [`MAX_ANSWERED_BYTES`] of answers wait to be sent; past them, or once all
+//! streams together hold [`memory::NODE_BYTES`], the task stops reading,
+//! and the client is slowed by flow control. A batch is at most
+//! [`MAX_BATCH_BYTES`] encoded, and one of more than 1,000 items is refused
+//! whole before it is decoded, ending the stream
+//! (`readstates_routing::codec`). So a stream holds at most its read-ahead
+//! and one batch being decoded (5 × 4 MiB), its answers (4 MiB, and the
+//! answers of the items under way), and 4 unsent responses of 1 MiB. Shutdown answers the items
 //! begun once they are done, refuses the rest with UNAVAILABLE, and ends
 //! the stream with UNAVAILABLE marked [`ALL_ANSWERED`]: an item read and
 //! not answered was not applied.
@@ -45,9 +51,26 @@ use crate::proto::{ApplyError, ApplyItem, ApplyRequest, ApplyResponse, ApplyResu
 
 pub type ApplyStream = Pin<Box<dyn Stream<Item = Result<ApplyResponse, Status>> + Send>>;
 
+mod memory;
+
+pub use memory::Memory;
+
 /// Batches read ahead of the items being started: the client's next
 /// batches are on hand when the items before are under way.
 const READ_AHEAD: usize = 4;
+
+/// The largest message the gRPC port decodes, an Apply batch included
+/// (tonic's default, set here on purpose): a unary MessageCreated of
+/// 10,000 users is about 90 KB.
+pub const MAX_BATCH_BYTES: usize = 4 << 20;
+
+/// Users (one for an item that names none) the items under way or unsent
+/// of one stream may touch: an item's answer grows with its users (a
+/// GetBadgeCounts of 1,000 users answers about 20 KB).
+const MAX_USERS: usize = 100_000;
+
+/// Answers, encoded, one stream holds unsent before it stops reading.
+const MAX_ANSWERED_BYTES: usize = 4 << 20;
 
 /// Responses the client has not read yet before the stream stops sending.
 const UNREAD_RESPONSES: usize = 4;
@@ -118,7 +141,7 @@ async fn serve(
     responses: Responses,
 ) {
     let (read, mut pending) = mpsc::channel(READ_AHEAD);
-    tokio::spawn(read_requests(requests, read));
+    tokio::spawn(read_requests(requests, read, service.apply_memory.clone()));
     let stopping = service.stopping.clone();
     // Made once, not on every turn of the loop: each registers a waiter
     // under a lock.
@@ -141,7 +164,7 @@ async fn serve(
                 items.stop();
                 pending.close();
                 while let Ok(Ok((_, batch))) = pending.try_recv() {
-                    items.refuse(&batch, &Error::ShuttingDown);
+                    items.refuse(&batch.into_inner(), &Error::ShuttingDown);
                 }
                 ended = Some(Some(Error::ShuttingDown.into()));
             }
@@ -151,9 +174,14 @@ async fn serve(
                 permit.send(Ok(items.take_answered()));
             }
             Some(done) = items.waiting.next(), if !items.waiting.is_empty() => items.done(done),
-            next = pending.recv(), if ended.is_none() && items.len() < MAX_ITEMS => match next {
-                Some(Ok((arrived, batch))) => items.read(arrived, batch),
+            next = pending.recv(), if ended.is_none() && items.has_room() => match next {
+                Some(Ok((arrived, batch))) => items.read(arrived, batch.into_inner()),
                 None => ended = Some(None),
+                // A batch over the limit, refused before it was decoded
+                // (see `readstates_routing::codec`), says so itself.
+                Some(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                    ended = Some(Some(*status));
+                }
                 Some(Err(status)) => {
                     let error = Error::BadStream(status.message().to_owned());
                     ended = Some(Some(error.into()));
@@ -175,20 +203,39 @@ fn all_answered(mut status: Status) -> Status {
     status
 }
 
-/// A batch read ahead, with when it arrived, or why the request stream
-/// cannot be read (boxed: a `Status` is several times a batch's size).
-type Read = Result<(Instant, ApplyRequest), Box<Status>>;
+/// A batch read ahead (counted in the node's [`Memory`] until begun), with
+/// when it arrived, or why the request stream cannot be read (boxed: a
+/// `Status` is several times a batch's size).
+type Read = Result<(Instant, memory::Charged<ApplyRequest>), Box<Status>>;
+
+/// How often a stream that stopped reading for the node's memory looks
+/// again.
+const MEMORY_POLL: Duration = Duration::from_millis(5);
 
 /// Reads batches until the stream ends (an undecodable one is passed on,
-/// and ends it) or nobody takes them any more.
-async fn read_requests(mut requests: Streaming<ApplyRequest>, read: mpsc::Sender<Read>) {
+/// and ends it) or nobody takes them any more; none while the node's
+/// Apply streams hold all they may.
+async fn read_requests(
+    mut requests: Streaming<ApplyRequest>,
+    read: mpsc::Sender<Read>,
+    memory: Memory,
+) {
     loop {
+        while !memory.has_room() {
+            tokio::select! {
+                () = read.closed() => return,
+                () = tokio::time::sleep(MEMORY_POLL) => {}
+            }
+        }
         let message = tokio::select! {
             () = read.closed() => return,
             message = requests.message() => message,
         };
         let batch = match message {
-            Ok(Some(batch)) => Ok((Instant::now(), batch)),
+            Ok(Some(batch)) => {
+                let bytes = batch.encoded_len();
+                Ok((Instant::now(), memory.charge(batch, bytes)))
+            }
             Ok(None) => return,
             Err(status) => Err(Box::new(status)),
         };
@@ -241,6 +288,16 @@ struct Items<'a> {
     held_users: HashMap<Ordered, usize>,
     /// Answered, not sent yet.
     answered: Vec<ApplyResult>,
+    /// `answered`, encoded (counted in the node's memory too).
+    answered_bytes: usize,
+    /// The users of the items read and not answered (one for an item that
+    /// names none): what their answers may grow to.
+    users: usize,
+}
+
+/// What an item counts against [`MAX_USERS`].
+fn weight(users: &[Ordered]) -> usize {
+    users.len().max(1)
 }
 
 impl<'a> Items<'a> {
@@ -253,7 +310,26 @@ impl<'a> Items<'a> {
             held: VecDeque::new(),
             held_users: HashMap::new(),
             answered: Vec::new(),
+            answered_bytes: 0,
+            users: 0,
         }
+    }
+
+    /// Whether the stream may read another batch: it holds less than its
+    /// bounds, and the node's Apply streams less than theirs.
+    fn has_room(&self) -> bool {
+        self.len() < MAX_ITEMS
+            && self.users < MAX_USERS
+            && self.answered_bytes < MAX_ANSWERED_BYTES
+            && self.service.apply_memory.has_room()
+    }
+
+    /// `result`, to be sent.
+    fn answer(&mut self, result: ApplyResult) {
+        let bytes = result.encoded_len();
+        self.answered_bytes += bytes;
+        self.service.apply_memory.take(bytes);
+        self.answered.push(result);
     }
 
     /// Items under way, held, or answered and not sent.
@@ -269,16 +345,21 @@ impl<'a> Items<'a> {
     /// [`MAX_RESPONSE_BYTES`]; at least one).
     fn take_answered(&mut self) -> ApplyResponse {
         let mut size = 0;
+        let mut taken = 0;
         let fit = self
             .answered
             .iter()
             .take_while(|result| {
-                size += result.encoded_len();
-                size <= MAX_RESPONSE_BYTES
+                let bytes = result.encoded_len();
+                size += bytes;
+                let fits = size <= MAX_RESPONSE_BYTES || taken == 0;
+                taken += if fits { bytes } else { 0 };
+                fits
             })
-            .count()
-            .max(1);
+            .count();
         let rest = self.answered.split_off(fit.min(self.answered.len()));
+        self.answered_bytes -= taken;
+        self.service.apply_memory.give_back(taken);
         ApplyResponse {
             results: std::mem::replace(&mut self.answered, rest),
         }
@@ -313,6 +394,7 @@ impl<'a> Items<'a> {
             .collect();
         self.service.cache.prefetch(&mut users);
         let stopping = self.service.stopping.is_cancelled();
+        self.users += items.iter().map(|item| weight(&item.users)).sum::<usize>();
         for item in items {
             if self.blocked(&item) {
                 self.hold(item);
@@ -324,8 +406,9 @@ impl<'a> Items<'a> {
 
     /// Answers every item of `batch` with `error`, unapplied.
     fn refuse(&mut self, batch: &ApplyRequest, error: &Error) {
-        let refusals = batch.items.iter().map(|item| refused(item.id, error));
-        self.answered.extend(refusals);
+        for item in &batch.items {
+            self.answer(refused(item.id, error));
+        }
     }
 
     /// Whether `item` must wait for an item before it of one of its users.
@@ -354,8 +437,10 @@ impl<'a> Items<'a> {
             until,
         } = item;
         let outcome = if stopping {
+            self.users -= weight(&users);
             Outcome::Error(apply_error(&Error::ShuttingDown.into()))
         } else if until.is_some_and(|until| Instant::now() >= until) {
+            self.users -= weight(&users);
             Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
         } else {
             let origin = Origin {
@@ -370,7 +455,10 @@ impl<'a> Items<'a> {
                 .as_mut()
                 .poll(&mut Context::from_waker(Waker::noop()))
             {
-                Poll::Ready(result) => outcome(result),
+                Poll::Ready(result) => {
+                    self.users -= weight(&users);
+                    outcome(result)
+                }
                 Poll::Pending => {
                     for &user in &users {
                         *self.busy.entry(user).or_default() += 1;
@@ -382,7 +470,7 @@ impl<'a> Items<'a> {
                 }
             }
         };
-        self.answered.push(ApplyResult {
+        self.answer(ApplyResult {
             id,
             outcome: Some(outcome),
         });
@@ -391,7 +479,8 @@ impl<'a> Items<'a> {
     /// A waiting item is done: answered, and the items held behind it
     /// that no other item holds up begun.
     fn done(&mut self, (id, users, outcome): Done) {
-        self.answered.push(ApplyResult {
+        self.users -= weight(&users);
+        self.answer(ApplyResult {
             id,
             outcome: Some(outcome),
         });
@@ -419,10 +508,17 @@ impl<'a> Items<'a> {
     fn stop(&mut self) {
         let held = std::mem::take(&mut self.held);
         self.held_users.clear();
-        let refusals = held
-            .into_iter()
-            .map(|item| refused(item.id, &Error::ShuttingDown));
-        self.answered.extend(refusals);
+        for item in held {
+            self.users -= weight(&item.users);
+            self.answer(refused(item.id, &Error::ShuttingDown));
+        }
+    }
+}
+
+impl Drop for Items<'_> {
+    /// Answers never sent (the client went away) no longer count.
+    fn drop(&mut self) {
+        self.service.apply_memory.give_back(self.answered_bytes);
     }
 }
 
