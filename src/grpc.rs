@@ -150,15 +150,24 @@ struct Origin {
     started: Instant,
     until: Option<Instant>,
     hop: route::Hop,
+    /// The epoch of the node that sent it on, if it said (see
+    /// [`route::Router::send`]); 0 otherwise.
+    epoch: u64,
 }
 
 impl Origin {
     fn of(metadata: &MetadataMap) -> Origin {
         let started = Instant::now();
+        let hop = route::Hop::of(metadata);
+        let epoch = match hop {
+            route::Hop::First => 0,
+            _ => route::epoch_of(metadata),
+        };
         Origin {
             started,
             until: deadline::budget(metadata).map(|budget| started + budget),
-            hop: route::Hop::of(metadata),
+            hop,
+            epoch,
         }
     }
 }
@@ -228,7 +237,9 @@ impl ReadStatesService {
             started,
             until,
             hop,
+            epoch,
         } = origin;
+        self.catch_up(epoch, until).await;
         // Kept only where the request may have to be sent on.
         let goes_on = match hop {
             route::Hop::First => true,
@@ -278,6 +289,19 @@ impl ReadStatesService {
         })
     }
 
+    /// A request sent on by a node in a newer `epoch` (this one is behind
+    /// by up to a ring poll) is routed once this node has caught up with
+    /// it (at most [`route::HOLD`], and `until`), as the sender found it,
+    /// rather than refused by an older ring.
+    async fn catch_up(&self, epoch: u64, until: Option<Instant>) {
+        if let Some(router) = &self.router
+            && epoch > router.member.ring().ring.epoch()
+        {
+            let left = until.map_or(route::HOLD, |u| u.saturating_duration_since(Instant::now()));
+            router.member.catch_up(epoch, left.min(route::HOLD)).await;
+        }
+    }
+
     /// [`Self::run_scattered`], for a unary call.
     async fn call_scattered<Req, F>(
         &self,
@@ -314,6 +338,7 @@ impl ReadStatesService {
             metrics.record(error.code(), origin.started.elapsed());
             return Err(error.into());
         }
+        self.catch_up(origin.epoch, origin.until).await;
         let router = match (&self.router, &origin.hop) {
             (Some(router), route::Hop::First) => router,
             // A part forwarded here goes on only for users whose slot this
@@ -335,6 +360,7 @@ impl ReadStatesService {
             started,
             until,
             hop,
+            ..
         } = origin;
         let scattering = async {
             let (request, changed) = match hop {

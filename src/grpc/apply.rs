@@ -443,10 +443,13 @@ impl<'a> Items<'a> {
             self.users -= weight(&users);
             Outcome::Error(apply_error(&Error::DeadlineExceeded.into()))
         } else {
+            // A node's stream says no epoch per item: a refusal by an owner
+            // behind it is sent again as a call that does (`Router::send`).
             let origin = Origin {
                 started,
                 until,
                 hop: self.hop.clone(),
+                epoch: 0,
             };
             let mut applying = self.service.apply_item(change, origin);
             // Polled once here: most items (cached users) are done at

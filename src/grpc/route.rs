@@ -59,6 +59,14 @@ impl Hop {
     }
 }
 
+/// The epoch in `metadata` (a refusal's trailer, or what a node sending a
+/// request on says it is in); 0 without one.
+pub fn epoch_of(metadata: &MetadataMap) -> u64 {
+    (metadata.get(EPOCH))
+        .and_then(|epoch| epoch.to_str().ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// What is left of a request's `budget` for sending it on after it came
 /// `hop`: all of it from a client; at most [`HOLD`] when passed on to a
 /// previous owner, which may not answer at all (frozen, cut off), as the
@@ -181,13 +189,41 @@ impl Router {
     /// Sends a request that came `hop` to `owner`, marked forwarded (and
     /// passed on, unless it came from a client), within `budget`: as an
     /// item of the Apply stream to it, or as its unary call (see
-    /// [`Forward`]).
+    /// [`Forward`]). Refused by an owner in an older epoch (the nodes adopt
+    /// a new one up to a ring poll apart), it is sent again as a call that
+    /// says this node's epoch, which the owner catches up with first.
     pub(super) async fn send<Req: Forward>(
         &self,
         owner: &str,
         request: Req,
         hop: &Hop,
         budget: Option<Duration>,
+    ) -> Result<Req::Response, Status> {
+        let until = budget.map(|budget| Instant::now() + budget);
+        let epoch = self.member.ring().ring.epoch();
+        let answer = self
+            .send_once(owner, request.clone(), hop, budget, None)
+            .await;
+        match answer {
+            Err(status)
+                if status.code() == Code::Unavailable
+                    && (1..epoch).contains(&epoch_of(status.metadata())) =>
+            {
+                let left = until.map(|until| until.saturating_duration_since(Instant::now()));
+                self.send_once(owner, request, hop, left, Some(epoch)).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// One [`Router::send`]: as a unary call saying `epoch`, if given.
+    async fn send_once<Req: Forward>(
+        &self,
+        owner: &str,
+        request: Req,
+        hop: &Hop,
+        budget: Option<Duration>,
+        epoch: Option<u64>,
     ) -> Result<Req::Response, Status> {
         let record = self.member.ring();
         let node = record
@@ -201,6 +237,7 @@ impl Router {
         let until = budget.map(|budget| Instant::now() + budget);
         let mut request = request;
         if Req::ITEM
+            && epoch.is_none()
             && let Some(applier) = self
                 .peers
                 .applier(&node.address, passed_on, || self.marks(passed_on))
@@ -238,6 +275,11 @@ impl Router {
             .map_err(Status::unavailable)?;
         let mut request = Request::new(request);
         *request.metadata_mut() = self.marks(passed_on);
+        if let Some(epoch) = epoch {
+            request
+                .metadata_mut()
+                .insert(EPOCH, MetadataValue::from(epoch));
+        }
         if let Some(until) = until {
             request.set_timeout(until.saturating_duration_since(Instant::now()));
         }
