@@ -622,13 +622,15 @@ mod tests {
     /// were accepted.
     #[test]
     fn settings_that_cannot_work_are_refused_with_the_reason() {
-        let refused = |flag: &str, value: &str| {
-            let cli = Cli::try_parse_from(["readstates", "serve", flag, value]).unwrap();
-            let Command::Serve(args) = cli.command else {
+        // `readstates serve ARGS`, loaded: why it is refused, if it is.
+        let load = |args: &[&str]| {
+            let cli = ["readstates", "serve"].iter().chain(args);
+            let Command::Serve(args) = Cli::try_parse_from(cli).unwrap().command else {
                 panic!("serve")
             };
-            Config::load(&args).unwrap_err().to_string()
+            Config::load(&args).map(|_| ()).map_err(|e| e.to_string())
         };
+        let refused = |flag: &str, value: &str| load(&[flag, value]).unwrap_err();
         for level in ["ONE", "LOCAL_ONE"] {
             assert!(refused("--consistency", level).contains("LOCAL_QUORUM"));
         }
@@ -644,21 +646,15 @@ mod tests {
         assert!(refused("--shutdown-timeout", "0s").contains("give up"));
         // Issue 24, item 5: a URL or a space was taken as the address.
         for address in ["http://127.0.0.1:50051", "bad host:50051", "127.0.0.1"] {
-            let cli = Cli::try_parse_from([
-                "readstates",
-                "serve",
+            let node = [
                 "--store",
                 "cassandra",
                 "--node-id",
                 "n1",
                 "--advertise",
                 address,
-            ])
-            .unwrap();
-            let Command::Serve(args) = cli.command else {
-                panic!("serve")
-            };
-            let refusal = Config::load(&args).unwrap_err().to_string();
+            ];
+            let refusal = load(&node).unwrap_err();
             assert!(
                 refusal.contains(&format!("advertise {address:?} is not host:port")),
                 "{refusal}"
@@ -671,8 +667,6 @@ mod tests {
         // fleet's token, so it needs the secret, and one worth the name.
         let node = |secret: Option<&str>| {
             let mut args = vec![
-                "readstates",
-                "serve",
                 "--store",
                 "cassandra",
                 "--node-id",
@@ -686,10 +680,7 @@ mod tests {
                     .into_iter()
                     .flatten(),
             );
-            let Command::Serve(args) = Cli::try_parse_from(args).unwrap().command else {
-                panic!("serve")
-            };
-            Config::load(&args).map(|_| ()).map_err(|e| e.to_string())
+            load(&args)
         };
         assert!(node(None).unwrap_err().contains("needs fleet_secret"));
         assert!(

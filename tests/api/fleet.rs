@@ -1005,40 +1005,6 @@ async fn a_node_is_ready_only_once_it_has_read_the_ring() {
     a.stop().await;
 }
 
-/// The shared ring, as a node sees it that reads it late: while held, its
-/// loads wait (its next poll has not come yet).
-#[derive(Debug)]
-struct Late {
-    ring: Arc<MemoryRingStore>,
-    held: tokio::sync::watch::Sender<bool>,
-}
-
-#[async_trait::async_trait]
-impl RingStore for Late {
-    async fn load(&self) -> Result<RingRecord, StoreError> {
-        let _ = self.held.subscribe().wait_for(|&held| !held).await;
-        self.ring.load().await
-    }
-    async fn advance(&self, next: &RingRecord) -> Result<bool, StoreError> {
-        self.ring.advance(next).await
-    }
-    async fn release(&self, epoch: u64, node: &str) -> Result<bool, StoreError> {
-        self.ring.release(epoch, node).await
-    }
-    async fn report(&self, node: &str, epoch: u64) -> Result<(), StoreError> {
-        self.ring.report(node, epoch).await
-    }
-    async fn progress(&self) -> Result<BTreeMap<String, u64>, StoreError> {
-        self.ring.progress().await
-    }
-    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, StoreError> {
-        self.ring.drained_weight(node).await
-    }
-    async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError> {
-        self.ring.set_drained_weight(node, weight).await
-    }
-}
-
 /// Issue 35, item 11: nodes adopt an epoch up to a ring poll apart, and a
 /// request entering at a node already in the new one, forwarded to a new
 /// owner still in the old one, was refused (`not_owner`) and the refusal
@@ -1048,9 +1014,9 @@ impl RingStore for Late {
 async fn a_request_meeting_an_owner_in_an_older_epoch_is_served() {
     let (store, ring) = shared();
     let n1 = member("n1", &store, &ring).await;
-    let late = Arc::new(Late {
+    let late = Arc::new(Lagging {
         ring: ring.clone(),
-        held: tokio::sync::watch::Sender::new(false),
+        held: std::sync::Mutex::default(),
     });
     let mut config = test_config();
     config.node_id = Some("n3".into());
@@ -1061,8 +1027,7 @@ async fn a_request_meeting_an_owner_in_an_older_epoch_is_served() {
     add(&ring, "n3", &n3, 100).await;
     add(&ring, "n2", &n2, 0).await;
     // n3 reads the new epoch only 500 ms after the others.
-    late.held.send_replace(true);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    late.hold(Some(ring.load().await.unwrap()));
     let record = reweigh(&ring, "n3", 300).await;
     adopted(&mut n2, record.ring.epoch()).await;
     let user = (1..)
@@ -1075,7 +1040,7 @@ async fn a_request_meeting_an_owner_in_an_older_epoch_is_served() {
         let late = late.clone();
         async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            late.held.send_replace(false);
+            late.hold(None);
         }
     });
     n2.client.ack(ack(user, 5)).await.unwrap();

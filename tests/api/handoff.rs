@@ -188,26 +188,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
         epoch,
         slots: vec![u32::from(slot_of(user))],
         node_id: "x".into(),
-        users: vec![HandedUser {
-            user_id: user,
-            version: 5,
-            written_version: 5,
-            delta_floor: 0,
-            clear_pending: false,
-            read_states: vec![HandedReadState {
-                channel_id: 1,
-                kind: 0,
-                last_acked_id: 5,
-                last_message_id: 5,
-                version: 5,
-                mention_count: 0,
-                unread_count: 0,
-                deleted: false,
-                muted: false,
-                parent_id: 0,
-            }],
-            unwritten_for_ms: 0,
-        }],
+        users: vec![handed(user, 5, 5, 5)],
         ..HandOverRequest::default()
     })
     .await
