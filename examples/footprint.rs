@@ -73,6 +73,7 @@ impl Store for MadeUpStore {
             delta_floor: 0,
             read_states,
             parents,
+            lowered: Vec::new(),
         })
     }
     async fn write(&self, _: &UserWrite) -> Result<(), StoreError> {

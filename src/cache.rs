@@ -273,9 +273,13 @@ impl Cache {
             if shard.deletions.lowered(user_id, deletion) {
                 return Some((false, None));
             }
-            let applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
-            if let Some((true, _)) = applied {
+            let mut applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
+            if let Some((true, write)) = &mut applied {
                 shard.deletions.remember(user_id, deletion);
+                // Written with the lowering it remembers (write-through).
+                if let Some(write) = write {
+                    write.lowered = shard.deletions.of_user(user_id, clock::now_micros() / 1000);
+                }
             }
             applied
         })
@@ -671,8 +675,11 @@ impl Cache {
                     // Kept only if the slot was served all along: see
                     // `crate::ownership`.
                     Ok(_) if !cache.ownership.keeps(ticket) => Err(LoadFailure::NotServed),
-                    Ok(stored) => {
-                        shard.insert_loaded(user_id, stored.into_user(clock::now_micros()), pins);
+                    Ok(mut stored) => {
+                        let now_us = clock::now_micros();
+                        let lowered = std::mem::take(&mut stored.lowered);
+                        shard.deletions.restore(user_id, &lowered, now_us / 1000);
+                        shard.insert_loaded(user_id, stored.into_user(now_us), pins);
                         Ok(())
                     }
                     Err(e) => {

@@ -11,9 +11,12 @@
 //! checked and written under the shard's lock, in the step that lowers the
 //! user, so two deliveries at once cannot both lower it; it outlives the
 //! user's eviction. Lowerings are remembered for a window and at most
-//! `capacity` of them, oldest forgotten first.
+//! `capacity` of them, oldest forgotten first. They are written with their
+//! user ([`RecentDeletions::of_user`], in the write that holds the lowering
+//! itself) and taken back when it is loaded ([`RecentDeletions::restore`]),
+//! so a retry after a restart lowers nobody twice either.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use hashbrown::HashTable;
@@ -28,6 +31,14 @@ pub struct Deletion {
     pub channel_id: u64,
     pub message_id: u64,
     pub kind: Kind,
+}
+
+/// A lowering as it is stored with its user: what was deleted, and until
+/// when (Unix milliseconds) it is remembered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remembered {
+    pub deletion: Deletion,
+    pub until_ms: u64,
 }
 
 /// One user's lowering, flat so that it packs in 40 bytes.
@@ -49,13 +60,16 @@ impl Lowered {
             && self.kind == deletion.kind
     }
 
-    fn hash(&self) -> u64 {
-        let deletion = Deletion {
+    fn deletion(&self) -> Deletion {
+        Deletion {
             channel_id: self.channel_id,
             message_id: self.message_id,
             kind: self.kind,
-        };
-        hash(self.user_id, deletion)
+        }
+    }
+
+    fn hash(&self) -> u64 {
+        hash(self.user_id, self.deletion())
     }
 }
 
@@ -67,6 +81,9 @@ pub struct RecentDeletions {
     /// Sequence numbers of `lowered`, by the hash of what they hold.
     index: HashTable<u32>,
     first: u32,
+    /// How many of `lowered` each user has: most users have none, and
+    /// their writes need not look.
+    per_user: HashMap<u64, u32>,
     window: Duration,
     capacity: usize,
     epoch: Instant,
@@ -78,19 +95,27 @@ impl RecentDeletions {
             lowered: VecDeque::new(),
             index: HashTable::new(),
             first: 0,
+            per_user: HashMap::new(),
             window,
             capacity: capacity.max(1),
-            epoch: Instant::now(),
+            // A window back, so that a lowering taken back from the store
+            // keeps its age (see `restore`).
+            epoch: Instant::now()
+                .checked_sub(window)
+                .unwrap_or_else(Instant::now),
         }
     }
 
     /// Whether `user_id` was lowered for `deletion` within the window.
     pub fn lowered(&mut self, user_id: u64, deletion: Deletion) -> bool {
         self.forget_expired();
+        let cutoff = self.cutoff_ms();
         let (lowered, first) = (&self.lowered, self.first);
         self.index
             .find(hash(user_id, deletion), |&seq| {
-                lowered[seq.wrapping_sub(first) as usize].is(user_id, deletion)
+                let entry = &lowered[seq.wrapping_sub(first) as usize];
+                // One taken back from the store may sit behind newer ones.
+                entry.is(user_id, deletion) && cutoff.is_none_or(|cutoff| entry.at_ms > cutoff)
             })
             .is_some()
     }
@@ -98,15 +123,22 @@ impl RecentDeletions {
     /// Remembers that `user_id` was lowered for `deletion` (not already
     /// remembered: see [`RecentDeletions::lowered`]).
     pub fn remember(&mut self, user_id: u64, deletion: Deletion) {
+        let now_ms = self.now_ms();
+        self.remember_at(user_id, deletion, now_ms);
+    }
+
+    /// [`RecentDeletions::remember`], as of `at_ms` on the memory's clock.
+    fn remember_at(&mut self, user_id: u64, deletion: Deletion, at_ms: u64) {
         if self.lowered.len() >= self.capacity {
             self.forget_oldest();
         }
+        *self.per_user.entry(user_id).or_default() += 1;
         let seq = self.first.wrapping_add(self.lowered.len() as u32);
         self.lowered.push_back(Lowered {
             user_id,
             channel_id: deletion.channel_id,
             message_id: deletion.message_id,
-            at_ms: self.now_ms(),
+            at_ms,
             kind: deletion.kind,
         });
         let (lowered, first) = (&self.lowered, self.first);
@@ -122,14 +154,46 @@ impl RecentDeletions {
         self.lowered
             .iter()
             .filter(move |l| which(l.user_id))
-            .map(|l| {
-                let deletion = Deletion {
-                    channel_id: l.channel_id,
-                    message_id: l.message_id,
-                    kind: l.kind,
-                };
-                (l.user_id, deletion)
+            .map(|l| (l.user_id, l.deletion()))
+    }
+
+    /// What `user_id` is remembered lowered for, as it is stored with the
+    /// user (`now_unix_ms` is the wall clock, which outlives the process).
+    pub fn of_user(&self, user_id: u64, now_unix_ms: u64) -> Vec<Remembered> {
+        if !self.per_user.contains_key(&user_id) {
+            return Vec::new();
+        }
+        let (now_ms, window_ms) = (self.now_ms(), self.window.as_millis() as u64);
+        (self.lowered.iter())
+            .filter(|l| l.user_id == user_id)
+            .filter_map(|l| {
+                let left = (l.at_ms + window_ms)
+                    .checked_sub(now_ms)
+                    .filter(|&left| left > 0)?;
+                Some(Remembered {
+                    deletion: l.deletion(),
+                    until_ms: now_unix_ms + left,
+                })
             })
+            .collect()
+    }
+
+    /// Takes back what `user_id` was remembered lowered for when it was
+    /// written, for what is left of each window.
+    pub fn restore(&mut self, user_id: u64, remembered: &[Remembered], now_unix_ms: u64) {
+        let (now_ms, window_ms) = (self.now_ms(), self.window.as_millis() as u64);
+        for stored in remembered {
+            let Some(left) = stored.until_ms.checked_sub(now_unix_ms) else {
+                continue;
+            };
+            let left = left.min(window_ms);
+            if left == 0 || self.lowered(user_id, stored.deletion) {
+                continue;
+            }
+            // As old as it was (the memory's clock starts a window back).
+            let at_ms = (now_ms + left).saturating_sub(window_ms);
+            self.remember_at(user_id, stored.deletion, at_ms);
+        }
     }
 
     /// Lowerings remembered.
@@ -145,8 +209,14 @@ impl RecentDeletions {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// Lowerings at or before this (on the memory's clock) are past the
+    /// window.
+    fn cutoff_ms(&self) -> Option<u64> {
+        self.now_ms().checked_sub(self.window.as_millis() as u64)
+    }
+
     fn forget_expired(&mut self) {
-        let Some(cutoff) = self.now_ms().checked_sub(self.window.as_millis() as u64) else {
+        let Some(cutoff) = self.cutoff_ms() else {
             return;
         };
         while self.lowered.front().is_some_and(|l| l.at_ms <= cutoff) {
@@ -158,6 +228,12 @@ impl RecentDeletions {
         let Some(oldest) = self.lowered.pop_front() else {
             return;
         };
+        if let Some(count) = self.per_user.get_mut(&oldest.user_id) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_user.remove(&oldest.user_id);
+            }
+        }
         let first = self.first;
         if let Ok(entry) = self.index.find_entry(oldest.hash(), |&seq| seq == first) {
             entry.remove();
@@ -231,5 +307,37 @@ mod tests {
         assert_eq!(recent.len(), 4);
         assert!((7..=10).all(|user_id| recent.lowered(user_id, D)));
         assert!(!recent.lowered(6, D));
+    }
+
+    /// Issue 35, item 5: what a user was lowered for goes with its writes
+    /// and comes back with its load, for what is left of its window.
+    #[tokio::test(start_paused = true)]
+    async fn a_lowering_written_with_its_user_comes_back_for_the_rest_of_its_window() {
+        let mut before = RecentDeletions::new(Duration::from_secs(600), 10);
+        before.remember(7, D);
+        assert!(before.of_user(8, 1_000_000).is_empty(), "another user");
+        tokio::time::advance(Duration::from_secs(100)).await;
+        let stored = before.of_user(7, 1_000_000);
+        assert_eq!(
+            stored,
+            [Remembered {
+                deletion: D,
+                until_ms: 1_000_000 + 500_000
+            }]
+        );
+        // A new process, 200 s later by the wall clock.
+        let mut after = RecentDeletions::new(Duration::from_secs(600), 10);
+        after.restore(7, &stored, 1_200_000);
+        assert!(after.lowered(7, D));
+        assert!(!after.lowered(8, D));
+        tokio::time::advance(Duration::from_secs(299)).await;
+        assert!(after.lowered(7, D), "299 of the 300 s left");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!after.lowered(7, D), "past its window");
+        // One whose window ended meanwhile is not taken back.
+        let mut late = RecentDeletions::new(Duration::from_secs(600), 10);
+        late.restore(7, &stored, 1_500_001);
+        assert!(!late.lowered(7, D));
+        assert!(late.is_empty());
     }
 }

@@ -26,6 +26,7 @@ use crate::channel_state::ChannelState;
 use std::collections::BTreeMap;
 
 use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION, UserReadStates, UserView};
+use crate::recent_deletions::{Deletion, Remembered};
 
 /// A user as the store holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub struct StoredUser {
     pub read_states: Vec<ReadState>,
     /// The parent of each thread among them, by thread id.
     pub parents: BTreeMap<u64, u64>,
+    /// What the user was remembered lowered for when last written with any
+    /// (see [`crate::recent_deletions`]); some may have expired since.
+    pub lowered: Vec<Remembered>,
 }
 
 impl StoredUser {
@@ -78,6 +82,10 @@ pub struct UserWrite {
     pub read_states: Vec<ReadState>,
     /// The parent of each thread among them, by thread id.
     pub parents: BTreeMap<u64, u64>,
+    /// What the user is remembered lowered for (see
+    /// [`crate::recent_deletions`]); none: what is stored stays (it
+    /// expires by itself).
+    pub lowered: Vec<Remembered>,
 }
 
 impl UserWrite {
@@ -94,9 +102,51 @@ impl UserWrite {
                 .filter(|(e, _)| e.version > user.written_version())
                 .map(|(e, parent)| (e.channel_id, parent))
                 .collect(),
+            lowered: Vec::new(),
         }
     }
 }
+
+/// The stored form of a user's lowerings: a version byte, then 25 bytes
+/// each (channel id, kind, message id, until, little-endian).
+pub fn encode_lowered(lowered: &[Remembered]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(1 + lowered.len() * LOWERED_BYTES);
+    bytes.push(LOWERED_FORMAT);
+    for l in lowered {
+        bytes.extend_from_slice(&l.deletion.channel_id.to_le_bytes());
+        bytes.push(l.deletion.kind as u8);
+        bytes.extend_from_slice(&l.deletion.message_id.to_le_bytes());
+        bytes.extend_from_slice(&l.until_ms.to_le_bytes());
+    }
+    bytes
+}
+
+/// What [`encode_lowered`] wrote; a record that does not read (another
+/// format, a kind unknown here) is skipped: the memory is an aid, never
+/// what counts.
+pub fn decode_lowered(bytes: &[u8]) -> Vec<Remembered> {
+    let Some((&LOWERED_FORMAT, records)) = bytes.split_first() else {
+        return Vec::new();
+    };
+    let u64_at = |record: &[u8], at: usize| {
+        u64::from_le_bytes(record[at..at + 8].try_into().expect("8 bytes"))
+    };
+    (records.chunks_exact(LOWERED_BYTES))
+        .filter_map(|record| {
+            Some(Remembered {
+                deletion: Deletion {
+                    channel_id: u64_at(record, 0),
+                    kind: Kind::from_u8(record[8])?,
+                    message_id: u64_at(record, 9),
+                },
+                until_ms: u64_at(record, 17),
+            })
+        })
+        .collect()
+}
+
+const LOWERED_FORMAT: u8 = 1;
+const LOWERED_BYTES: usize = 25;
 
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{store} store: {message}")]

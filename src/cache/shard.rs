@@ -706,7 +706,9 @@ impl Shard {
             return None;
         }
         self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, true);
-        let write = UserWrite::of(user_id, self.view(slot));
+        let mut write = UserWrite::of(user_id, self.view(slot));
+        // With the lowerings its changes may hold (see `RecentDeletions`).
+        write.lowered = self.deletions.of_user(user_id, now_us / 1000);
         self.in_flight.insert(user_id);
         Some(write)
     }

@@ -30,6 +30,7 @@ use scylla::value::MaybeUnset;
 
 use super::{Store, StoreError, StoredUser, UserWrite};
 use crate::channel_state::ChannelState;
+use crate::clock;
 use crate::read_state::{Kind, ReadState, TOMBSTONE_RETENTION, saturated_count};
 
 const NAME: &str = "cassandra";
@@ -65,6 +66,8 @@ pub struct CassandraStore {
     upsert: PreparedStatement,
     statics: PreparedStatement,
     wipe: PreparedStatement,
+    /// A user's deletion memory (`schema/009_lowered.cql`).
+    lowered: PreparedStatement,
     load_channels: PreparedStatement,
     write_channel: PreparedStatement,
 }
@@ -93,7 +96,7 @@ impl CassandraStore {
         };
         let load = prepare(format!(
             "SELECT kind, channel_id, last_acked_id, mention_count, unread_count, version, deleted, \
-             user_version, delta_floor, last_message_id, muted, parent_id FROM {table} \
+             user_version, delta_floor, last_message_id, muted, parent_id, lowered FROM {table} \
              WHERE user_id = ?"
         ))
         .await?;
@@ -105,6 +108,10 @@ impl CassandraStore {
         .await?;
         let statics = prepare(format!(
             "UPDATE {table} USING TIMESTAMP ? SET user_version = ?, delta_floor = ? WHERE user_id = ?"
+        ))
+        .await?;
+        let lowered = prepare(format!(
+            "UPDATE {table} USING TIMESTAMP ? AND TTL ? SET lowered = ? WHERE user_id = ?"
         ))
         .await?;
         let wipe = prepare(format!(
@@ -128,6 +135,7 @@ impl CassandraStore {
             upsert,
             statics,
             wipe,
+            lowered,
             load_channels,
             write_channel,
         })
@@ -174,6 +182,7 @@ type Row = (
     Option<i64>,
     Option<bool>,
     Option<i64>,
+    Option<Vec<u8>>,
 );
 
 #[async_trait]
@@ -204,7 +213,11 @@ impl Store for CassandraStore {
                 last_message_id,
                 muted,
                 parent_id,
+                lowered,
             ) = row.map_err(error)?;
+            if let Some(lowered) = lowered.filter(|_| user.lowered.is_empty()) {
+                user.lowered = super::decode_lowered(&lowered);
+            }
             // Static columns come with every row, and alone when the user
             // has no rows (after a wipe).
             user.version = user.version.max(user_version.unwrap_or(0) as u64);
@@ -351,6 +364,18 @@ impl CassandraStore {
                 ttl,
             );
             statements.push((&self.upsert, Box::new(values)));
+        }
+        if let Some(until) = write.lowered.iter().map(|l| l.until_ms).max() {
+            // Gone with the last window, as the memory forgets it.
+            let left = until.saturating_sub(clock::now_micros() / 1000) / 1000 + 1;
+            let ttl = i32::try_from(left).unwrap_or(i32::MAX);
+            let lowered = (
+                write.version as i64,
+                ttl,
+                super::encode_lowered(&write.lowered),
+                user_id,
+            );
+            statements.push((&self.lowered, Box::new(lowered)));
         }
         // Last, so that a user version is never stored ahead of its rows.
         let version = write.version as i64;

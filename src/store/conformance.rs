@@ -6,6 +6,7 @@
 use super::{Store, StoredUser, UserWrite};
 use crate::channel_state::ChannelState;
 use crate::read_state::{Kind, ReadState};
+use crate::recent_deletions::{Deletion, Remembered};
 
 /// A read state with every field set (a live one muted or not by kind), so
 /// that a round trip that loses a field fails.
@@ -47,6 +48,7 @@ pub async fn check(store: &dyn Store, first: u64) {
         clear_below: clear.then_some(version),
         read_states,
         parents: Default::default(),
+        lowered: Vec::new(),
     };
     store
         .write(&write(one, 5, 0, false, vec![a, b]))
@@ -138,6 +140,7 @@ pub async fn check(store: &dyn Store, first: u64) {
 
     check_channels(store, first).await;
     check_threads(store, first).await;
+    check_lowered(store, first + 2).await;
 }
 
 /// A channel with every field set: recent ids that have dropped one, and its
@@ -204,6 +207,7 @@ async fn check_threads(store: &dyn Store, first: u64) {
         clear_below: None,
         read_states: written.clone(),
         parents: [(thread, parent), (other_thread, parent)].into(),
+        lowered: Vec::new(),
     };
     store.write(&write).await.unwrap();
     let loaded = store.load(first).await.unwrap();
@@ -217,6 +221,36 @@ async fn check_threads(store: &dyn Store, first: u64) {
     }
     let user = loaded.into_user(100);
     assert_eq!(user.view().parent_of(thread), Some(parent));
+}
+
+/// What a user was lowered for (the deletion memory) comes back with it;
+/// a write without any leaves it, and an older write does not replace it.
+async fn check_lowered(store: &dyn Store, first: u64) {
+    let until_ms = crate::clock::now_micros() / 1000 + 600_000;
+    let remembered = |message_id| Remembered {
+        deletion: Deletion {
+            channel_id: 10,
+            message_id,
+            kind: Kind::Channel,
+        },
+        until_ms,
+    };
+    let write = |version, lowered| UserWrite {
+        user_id: first,
+        version,
+        delta_floor: 0,
+        clear_below: None,
+        read_states: vec![state(10, Kind::Channel, version, false)],
+        parents: Default::default(),
+        lowered,
+    };
+    let lowered = vec![remembered(5), remembered(6)];
+    store.write(&write(200, lowered.clone())).await.unwrap();
+    assert_eq!(store.load(first).await.unwrap().lowered, lowered);
+    store.write(&write(201, Vec::new())).await.unwrap();
+    assert_eq!(store.load(first).await.unwrap().lowered, lowered, "kept");
+    store.write(&write(199, vec![remembered(7)])).await.unwrap();
+    assert_eq!(store.load(first).await.unwrap().lowered, lowered, "older");
 }
 
 #[cfg(test)]

@@ -28,6 +28,9 @@ const USERS: TableDefinition<u64, (u64, u64)> = TableDefinition::new("users");
 const WIPES: TableDefinition<u64, u64> = TableDefinition::new("wipes");
 /// channel_id -> the channel's state, see [`encode_channel`].
 const CHANNELS: TableDefinition<u64, &[u8]> = TableDefinition::new("channel_states");
+/// user_id -> what the user was lowered for, see [`super::encode_lowered`]
+/// (a table older files gain when opened).
+const LOWERED: TableDefinition<u64, &[u8]> = TableDefinition::new("lowered");
 
 const FILE_NAME: &str = "readstates.redb";
 const NAME: &str = "embedded";
@@ -101,6 +104,7 @@ impl EmbeddedStore {
                 txn.open_table(USERS)?;
                 txn.open_table(WIPES)?;
                 txn.open_table(CHANNELS)?;
+                txn.open_table(LOWERED)?;
                 txn.commit()?;
                 Ok(())
             })();
@@ -187,11 +191,14 @@ impl Store for EmbeddedStore {
                 }
                 read_states.push(state);
             }
+            let lowered = (txn.open_table(LOWERED)?.get(user_id)?)
+                .map_or_else(Vec::new, |bytes| super::decode_lowered(bytes.value()));
             Ok(StoredUser {
                 version,
                 delta_floor,
                 read_states,
                 parents,
+                lowered,
             })
         })
         .await
@@ -242,6 +249,12 @@ impl Store for EmbeddedStore {
                 users.insert(user_id, (version.max(write.version), new_floor))?;
                 if new_cleared > cleared {
                     wipes.insert(user_id, new_cleared)?;
+                }
+                // The newer write's memory wins, as its rows do.
+                if !write.lowered.is_empty() && write.version >= version {
+                    let lowered = super::encode_lowered(&write.lowered);
+                    txn.open_table(LOWERED)?
+                        .insert(user_id, lowered.as_slice())?;
                 }
             }
             Ok(txn.commit()?)

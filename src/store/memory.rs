@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use super::{Store, StoreError, StoredUser, UserWrite};
 use crate::channel_state::ChannelState;
 use crate::read_state::{Key, Kind, ReadState};
+use crate::recent_deletions::Remembered;
 
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -26,6 +27,7 @@ struct MemoryUser {
     rows: BTreeMap<Key, ReadState>,
     /// Of the thread rows.
     parents: BTreeMap<u64, u64>,
+    lowered: Vec<Remembered>,
 }
 
 impl MemoryStore {
@@ -56,12 +58,17 @@ impl Store for MemoryStore {
                 delta_floor: user.delta_floor,
                 read_states: user.rows.values().copied().collect(),
                 parents: user.parents.clone(),
+                lowered: user.lowered.clone(),
             }))
     }
 
     async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
         let mut users = self.users();
         let user = users.entry(write.user_id).or_default();
+        // The newer write's memory wins, as its rows do.
+        if !write.lowered.is_empty() && write.version >= user.version {
+            user.lowered = write.lowered.clone();
+        }
         user.version = user.version.max(write.version);
         user.delta_floor = user.delta_floor.max(write.delta_floor);
         user.cleared_below = user.cleared_below.max(write.clear_below.unwrap_or(0));

@@ -178,6 +178,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
             clear_below: None,
             read_states: vec![state(5, 5)],
             parents: Default::default(),
+            lowered: Vec::new(),
         })
         .await
         .unwrap();
@@ -234,6 +235,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
             clear_below: None,
             read_states: vec![state(10, 7)],
             parents: Default::default(),
+            lowered: Vec::new(),
         })
         .await
         .unwrap();

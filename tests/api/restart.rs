@@ -1,7 +1,7 @@
 //! The embedded store across a graceful restart: nothing acknowledged is lost.
 
 use readstates::config::StoreKind;
-use readstates::proto::ReadState;
+use readstates::proto::{MessageDeletedRequest, ReadState};
 use readstates::test_support::ack;
 use readstates::test_support::delete;
 use readstates::test_support::message;
@@ -58,5 +58,38 @@ async fn a_restart_of_the_embedded_store_loses_nothing() {
     // And the next change still gets a higher version.
     let next = app.client.ack(ack(1, 13, 100)).await.unwrap().into_inner();
     assert!(next.version > before[0].0);
+    app.stop().await;
+}
+
+/// Issue 35, item 5: what a user was lowered for by a deletion lived only
+/// in memory, so a MessageDeleted retried after a restart, within the
+/// window, lowered the user again (unread 1 -> 0 while a message was still
+/// unread). It is written with the user and read back with it.
+#[tokio::test]
+async fn a_deletion_retried_after_a_restart_lowers_nobody_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = test_config();
+    config.store = StoreKind::Embedded;
+    config.data_dir = dir.path().to_owned();
+    let deleted = MessageDeletedRequest {
+        channel_id: 10,
+        message_id: 101,
+        unread_user_ids: vec![7],
+        ..MessageDeletedRequest::default()
+    };
+    let mut app = spawn_app_with(config.clone()).await;
+    for id in [101, 102] {
+        let created = message(10, id, 0, &[], &[7]);
+        app.client.message_created(created).await.unwrap();
+    }
+    let lowered = app.client.message_deleted(deleted.clone()).await.unwrap();
+    assert_eq!(lowered.into_inner().updated, 1);
+    app.stop().await;
+
+    let mut app = spawn_app_with(config).await;
+    let retried = app.client.message_deleted(deleted).await.unwrap();
+    assert_eq!(retried.into_inner().updated, 0, "lowered once already");
+    let (_, states) = everything(&mut app, 7).await;
+    assert_eq!(states[0].unread_count, 1, "message 102 is still unread");
     app.stop().await;
 }

@@ -10,7 +10,7 @@ use crate::helpers::{KEYSPACE, fresh_users, store};
 #[tokio::test]
 async fn cassandra_store_conforms() {
     let store = store().await;
-    conformance::check(&store, fresh_users(2)).await;
+    conformance::check(&store, fresh_users(3)).await;
 }
 
 #[tokio::test]

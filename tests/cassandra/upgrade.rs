@@ -106,6 +106,7 @@ async fn the_previous_schema_and_its_rows_upgrade_in_place() {
         clear_below: None,
         read_states: vec![newer],
         parents: Default::default(),
+        lowered: Vec::new(),
     };
     store.write(&write).await.unwrap();
     let mut loaded = store.load(42).await.unwrap().read_states;

@@ -16,7 +16,7 @@ use crate::store::StoreError;
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 8] = [
+const MIGRATIONS: [(&str, &str); 9] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -45,6 +45,10 @@ const MIGRATIONS: [(&str, &str); 8] = [
     (
         "008_thread_parents.cql",
         include_str!("../../../schema/008_thread_parents.cql"),
+    ),
+    (
+        "009_lowered.cql",
+        include_str!("../../../schema/009_lowered.cql"),
     ),
 ];
 
@@ -141,7 +145,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 10);
+        assert_eq!(all.len(), 11);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));

@@ -182,6 +182,7 @@ async fn reads_a_file_written_before_the_watermark() {
         clear_below: None,
         read_states: vec![newer],
         parents: Default::default(),
+        lowered: Vec::new(),
     };
     store.write(&write).await.unwrap();
     let mut again = store.load(42).await.unwrap();
