@@ -10,16 +10,18 @@
 //! answered in a later response when it is done. An item touching a user
 //! (or a channel's messages) of an item under way is held until that one
 //! is done, so each user's changes, and each channel's messages, apply in
-//! the order sent. At most [`MAX_ITEMS`] items (touching at most
-//! [`MAX_USERS`] users) are under way or unsent per stream, and at most
-//! [`MAX_ANSWERED_BYTES`] of answers wait to be sent; past them, or once all
-//! streams together hold [`memory::NODE_BYTES`], the task stops reading,
-//! and the client is slowed by flow control. A batch is at most
-//! [`MAX_BATCH_BYTES`] encoded, and one of more than 1,000 items is refused
-//! whole before it is decoded, ending the stream
-//! (`readstates_routing::codec`). So a stream holds at most its read-ahead
-//! and one batch being decoded (5 × 4 MiB), its answers (4 MiB, and the
-//! answers of the items under way), and 4 unsent responses of 1 MiB. Shutdown answers the items
+//! the order sent. Items begin only while those under way touch fewer than
+//! [`MAX_USERS`] users and fewer than [`MAX_ANSWERED_BYTES`] of answers wait
+//! to be sent (the rest of a batch of heavy items waits, held); at most
+//! [`MAX_ITEMS`] items are read and not sent per stream, and once all
+//! streams together hold [`memory::NODE_BYTES`] (batches read ahead, at
+//! what they take decoded, and answers until the transport takes them) no
+//! stream reads more: the client is slowed by flow control. A batch is at
+//! most [`MAX_BATCH_BYTES`] encoded, and one of more than 1,000 items (or
+//! not well formed) is refused whole before it is decoded, ending the
+//! stream (`readstates_routing::codec`). So the node's Apply streams hold
+//! about [`memory::NODE_BYTES`], and past it at most one batch each being
+//! decoded. Shutdown answers the items
 //! begun once they are done, refuses the rest with UNAVAILABLE, and ends
 //! the stream with UNAVAILABLE marked [`ALL_ANSWERED`]: an item read and
 //! not answered was not applied.
@@ -127,10 +129,12 @@ pub fn handle(
         serve(service, requests, hop, responses).await;
         drop(permit);
     });
-    Box::pin(ReceiverStream::new(sent))
+    // Counted in the node's memory until the transport takes them.
+    let sent = ReceiverStream::new(sent).map(|response| response.map(memory::Charged::into_inner));
+    Box::pin(sent)
 }
 
-type Responses = mpsc::Sender<Result<ApplyResponse, Status>>;
+type Responses = mpsc::Sender<Result<memory::Charged<ApplyResponse>, Status>>;
 
 /// Applies the stream's items until it ends, the client goes away, or
 /// shutdown begins.
@@ -149,6 +153,7 @@ async fn serve(
     let closed = responses.closed();
     tokio::pin!(cancelled, closed);
     let mut items = Items::new(&service, hop);
+    let memory = service.apply_memory.clone();
     // Why nothing more is read: the client half-closed (`Some(None)`), or
     // the stream ends with this status once every item read is answered.
     let mut ended: Option<Option<Status>> = None;
@@ -171,11 +176,22 @@ async fn serve(
             () = &mut closed => return,
             permit = responses.reserve(), if !items.answered.is_empty() => {
                 let Ok(permit) = permit else { return };
-                permit.send(Ok(items.take_answered()));
+                let (response, bytes) = items.take_answered();
+                permit.send(Ok(memory.charge(response, bytes)));
+                if items.may_resume() {
+                    items.resume();
+                }
             }
             Some(done) = items.waiting.next(), if !items.waiting.is_empty() => items.done(done),
+            // Nothing else may wake a stream that stopped reading while the
+            // node's Apply streams held all they may: it looks again.
+            () = tokio::time::sleep(MEMORY_POLL), if ended.is_none() && !memory.has_room() => {}
             next = pending.recv(), if ended.is_none() && items.has_room() => match next {
-                Some(Ok((arrived, batch))) => items.read(arrived, batch.into_inner()),
+                Some(Ok((arrived, batch))) => {
+                    if let Err(refused) = items.read(arrived, batch.into_inner()) {
+                        ended = Some(Some(refused));
+                    }
+                }
                 None => ended = Some(None),
                 // A batch over the limit, refused before it was decoded
                 // (see `readstates_routing::codec`), says so itself.
@@ -233,7 +249,7 @@ async fn read_requests(
         };
         let batch = match message {
             Ok(Some(batch)) => {
-                let bytes = batch.encoded_len();
+                let bytes = decoded_bytes(&batch);
                 Ok((Instant::now(), memory.charge(batch, bytes)))
             }
             Ok(None) => return,
@@ -293,6 +309,18 @@ struct Items<'a> {
     /// The users of the items read and not answered (one for an item that
     /// names none): what their answers may grow to.
     users: usize,
+    /// The users of the items begun and not done.
+    begun: usize,
+    /// Some of `held` wait for room (see [`Items::room`]), not for an item
+    /// before them.
+    held_for_room: bool,
+}
+
+/// At most what `batch` takes in memory, decoded: its items, and its
+/// encoded bytes eight times over (an id of one byte on the wire takes
+/// eight).
+fn decoded_bytes(batch: &ApplyRequest) -> usize {
+    batch.items.len() * std::mem::size_of::<ApplyItem>() + batch.encoded_len() * 8
 }
 
 /// What an item counts against [`MAX_USERS`].
@@ -312,7 +340,17 @@ impl<'a> Items<'a> {
             answered: Vec::new(),
             answered_bytes: 0,
             users: 0,
+            begun: 0,
+            held_for_room: false,
         }
+    }
+
+    /// Whether another item may begin: the stream's items under way touch
+    /// fewer than [`MAX_USERS`] users and its unsent answers take less
+    /// than [`MAX_ANSWERED_BYTES`]. The items of one batch begin together
+    /// only while there is room: heavy ones wait their turn, held.
+    fn room(&self) -> bool {
+        self.begun < MAX_USERS && self.answered_bytes < MAX_ANSWERED_BYTES
     }
 
     /// Whether the stream may read another batch: it holds less than its
@@ -343,7 +381,9 @@ impl<'a> Items<'a> {
 
     /// The answers not sent yet, as many as fit in one response (see
     /// [`MAX_RESPONSE_BYTES`]; at least one).
-    fn take_answered(&mut self) -> ApplyResponse {
+    /// With their bytes, which the node's memory counts on until the
+    /// transport takes the response.
+    fn take_answered(&mut self) -> (ApplyResponse, usize) {
         let mut size = 0;
         let mut taken = 0;
         let fit = self
@@ -360,17 +400,17 @@ impl<'a> Items<'a> {
         let rest = self.answered.split_off(fit.min(self.answered.len()));
         self.answered_bytes -= taken;
         self.service.apply_memory.give_back(taken);
-        ApplyResponse {
+        let response = ApplyResponse {
             results: std::mem::replace(&mut self.answered, rest),
-        }
+        };
+        (response, taken)
     }
 
     /// Starts, or holds, the items of `batch`, which `arrived` then, in
-    /// order.
-    fn read(&mut self, arrived: Instant, batch: ApplyRequest) {
-        if let Err(error) = validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS) {
-            return self.refuse(&batch, &error);
-        }
+    /// order. A batch over the limit is refused whole (ending the stream: see
+    /// `readstates_routing::codec`), none of it applied.
+    fn read(&mut self, arrived: Instant, batch: ApplyRequest) -> Result<(), Status> {
+        validate::at_most("items", batch.items.len(), MAX_APPLY_ITEMS)?;
         let batch_until = limit(arrived, batch.timeout_ms);
         let items: Vec<Item> = (batch.items.into_iter())
             .map(|item| Item {
@@ -396,12 +436,38 @@ impl<'a> Items<'a> {
         let stopping = self.service.stopping.is_cancelled();
         self.users += items.iter().map(|item| weight(&item.users)).sum::<usize>();
         for item in items {
-            if self.blocked(&item) {
-                self.hold(item);
-            } else {
-                self.begin(item, stopping);
-            }
+            self.start(item, stopping);
         }
+        Ok(())
+    }
+
+    /// Begins `item`, or holds it behind an item before it of one of its
+    /// users, or until there is room.
+    fn start(&mut self, item: Item, stopping: bool) {
+        if self.blocked(&item) {
+            self.hold(item);
+        } else if !self.room() {
+            self.held_for_room = true;
+            self.hold(item);
+        } else {
+            self.begin(item, stopping);
+        }
+    }
+
+    /// Begins what is held and can be now, in order.
+    fn resume(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        self.held_users.clear();
+        self.held_for_room = false;
+        let stopping = self.service.stopping.is_cancelled();
+        for item in held {
+            self.start(item, stopping);
+        }
+    }
+
+    /// Whether items held for room can begin now.
+    fn may_resume(&self) -> bool {
+        self.held_for_room && self.room()
     }
 
     /// Answers every item of `batch` with `error`, unapplied.
@@ -463,6 +529,7 @@ impl<'a> Items<'a> {
                     outcome(result)
                 }
                 Poll::Pending => {
+                    self.begun += weight(&users);
                     for &user in &users {
                         *self.busy.entry(user).or_default() += 1;
                     }
@@ -483,6 +550,7 @@ impl<'a> Items<'a> {
     /// that no other item holds up begun.
     fn done(&mut self, (id, users, outcome): Done) {
         self.users -= weight(&users);
+        self.begun -= weight(&users);
         self.answer(ApplyResult {
             id,
             outcome: Some(outcome),
@@ -491,18 +559,8 @@ impl<'a> Items<'a> {
         for user in users {
             freed |= release(&mut self.busy, user) && self.held_users.contains_key(&user);
         }
-        if !freed {
-            return;
-        }
-        let held = std::mem::take(&mut self.held);
-        self.held_users.clear();
-        let stopping = self.service.stopping.is_cancelled();
-        for item in held {
-            if self.blocked(&item) {
-                self.hold(item);
-            } else {
-                self.begin(item, stopping);
-            }
+        if freed || self.may_resume() {
+            self.resume();
         }
     }
 
@@ -668,3 +726,6 @@ fn apply_error(status: &Status) -> ApplyError {
         safe_to_retry: metadata.contains_key(SAFE_TO_RETRY),
     }
 }
+
+#[cfg(test)]
+mod tests;
