@@ -827,7 +827,14 @@ impl<E: Entries> UserReadStates<E> {
         let excess = (self.entries.iter().filter(of_kind).count()).saturating_sub(cap);
         written.sort_unstable();
         let expired = written.partition_point(|&v| v < expired_before);
-        let drop = expired.max(excess.min(written.len()));
+        // The cap takes the oldest, but never part of one change's
+        // tombstones (one version: a floor cannot fall between them), which
+        // go, or stay past the cap, together.
+        let mut capped = excess.min(written.len());
+        while capped > 0 && capped < written.len() && written[capped - 1] == written[capped] {
+            capped -= 1;
+        }
+        let drop = expired.max(capped);
         (drop > 0).then(|| written[drop - 1])
     }
 

@@ -319,3 +319,25 @@ fn the_cap_on_channel_tombstones_spares_the_threads() {
     ));
     assert!(!user.delta(1, &crate::channel_state::NoChannels).partial);
 }
+
+/// Found in review of issue 35, item 8: the cap dropped every tombstone of
+/// the version it cut at, so one more tombstone past the cap dropped a
+/// whole change's (a parent's 10,000 threads, or 300 channels deleted in
+/// one call). A change's tombstones now stay together past the cap, until
+/// they expire or an older change's go first.
+#[test]
+fn one_more_tombstone_past_the_cap_drops_no_change_s_tombstones() {
+    let mut user = UserReadStates::default();
+    let channels = MAX_TOMBSTONES_PER_USER as u64 + 44;
+    let keys: Vec<Key> = (1..=channels).map(Key::channel).collect();
+    for (now, &key) in keys.iter().enumerate() {
+        user.ack(key, 1, now as u64 + 1);
+    }
+    assert_eq!(user.delete(&keys, 1_000), channels as u32);
+    user.ack(Key::channel(5_000), 1, 1_001);
+    user.delete(&[Key::channel(5_000)], 1_002);
+    user.mark_written(user.version());
+    assert_eq!(user.prune_tombstones(2_000), 0);
+    assert!(user.get(Key::channel(1)).is_none());
+    assert_eq!(user.len(), channels as usize + 1, "every tombstone kept");
+}
