@@ -223,47 +223,44 @@ impl Application {
             }),
             _ => None,
         };
-        let node_calls = NodeCalls::new(config.fleet_credential());
-        let (fleet, follower, copier) = match (
-            ring_store,
-            &config.node_id,
-            config.fleet_credential(),
-        ) {
-            (Some(ring_store), Some(node_id), Some(credential)) => {
-                let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
-                let member = Member::new(
-                    node_id.clone(),
-                    ring_store,
-                    cache.clone(),
-                    peers.clone(),
-                    MemberConfig {
-                        ring_poll: config.ring_poll,
-                        ..MemberConfig::default()
-                    },
-                );
-                let follower = member.start(stop.clone());
-                // Ready once the ring is read: before, every request would
-                // be refused as another node's (Kubernetes sends none
-                // until then).
-                let (ready, routing, stopping) = (health.clone(), member.clone(), stop.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = routing.routing() => ready.set_serving::<ReadStatesServer<ReadStatesService>>().await,
-                        () = stopping.cancelled() => {}
-                    }
-                });
-                let copier = Copier::new(member.clone(), peers.clone());
-                let copying = tokio::spawn(copier.clone().run(stop.clone()));
-                let router = Router {
-                    member,
-                    peers,
-                    copier,
-                };
-                service = service.routed(router.clone());
-                (Some(router), Some(follower), Some(copying))
-            }
-            _ => (None, None, None),
-        };
+        let node_calls = NodeCalls::new(config.fleet_credential(), config.fleet_auth);
+        let (fleet, follower, copier, ready) =
+            match (ring_store, &config.node_id, config.fleet_credential()) {
+                (Some(ring_store), Some(node_id), Some(credential)) => {
+                    let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
+                    let member = Member::new(
+                        node_id.clone(),
+                        ring_store,
+                        cache.clone(),
+                        peers.clone(),
+                        MemberConfig {
+                            ring_poll: config.ring_poll,
+                            ..MemberConfig::default()
+                        },
+                    );
+                    let follower = member.start(stop.clone());
+                    // Ready once the ring is read: before, every request would
+                    // be refused as another node's (Kubernetes sends none
+                    // until then).
+                    let (ready, routing) = (health.clone(), member.clone());
+                    let ready = tokio::spawn(async move {
+                        routing.routing().await;
+                        ready
+                            .set_serving::<ReadStatesServer<ReadStatesService>>()
+                            .await;
+                    });
+                    let copier = Copier::new(member.clone(), peers.clone());
+                    let copying = tokio::spawn(copier.clone().run(stop.clone()));
+                    let router = Router {
+                        member,
+                        peers,
+                        copier,
+                    };
+                    service = service.routed(router.clone());
+                    (Some(router), Some(follower), Some(copying), Some(ready))
+                }
+                _ => (None, None, None, None),
+            };
         // Only the fleet's nodes may call Fleet or speak as a node.
         let (calls, fleet_calls) = (node_calls.clone(), node_calls);
         let read_states = InterceptedService::new(
@@ -342,6 +339,7 @@ impl Application {
             recount,
             metrics_server,
             follower,
+            ready,
             copier,
             tls_reloader,
         })
@@ -372,6 +370,9 @@ pub struct Running {
     metrics_server: JoinHandle<std::io::Result<()>>,
     /// A fleet node's ring follower, stopped with `stop`.
     follower: Option<JoinHandle<()>>,
+    /// Reports a fleet node serving once it routes; stopped first at
+    /// shutdown, so that it never says so after shutdown said otherwise.
+    ready: Option<JoinHandle<()>>,
     /// A fleet node's copier of channels counted by channel, stopped with
     /// `stop`.
     copier: Option<JoinHandle<()>>,
@@ -411,6 +412,10 @@ impl Running {
             }
         }
         tracing::info!("shutting down: no new requests; writing unwritten changes");
+        if let Some(ready) = self.ready.take() {
+            ready.abort();
+            let _ = ready.await;
+        }
         self.health
             .set_not_serving::<ReadStatesServer<ReadStatesService>>()
             .await;

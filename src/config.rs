@@ -183,6 +183,20 @@ impl std::str::FromStr for Secret {
     }
 }
 
+/// What a fleet node asks of the calls other nodes make (see
+/// `fleet_secret`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FleetAuth {
+    /// The fleet's token on every call a node makes.
+    Required,
+    /// Also a call with no token, as a node of a build before tokens makes
+    /// it: only while such nodes remain in a rolling upgrade (counted in
+    /// `readstates_node_calls_refused_total{reason="missing"}`, allowed).
+    /// A wrong token is refused still.
+    Upgrading,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -351,6 +365,11 @@ settings! {
     /// Required with `node_id`; never logged or printed.
     #[arg(long, env = "READSTATES_FLEET_SECRET", hide_env_values = true)]
     fleet_secret: Option<Secret> = None;
+    /// `required`: every call a node makes carries the fleet's token.
+    /// `upgrading`: a call with none is taken too, only while nodes of a
+    /// build before tokens remain in a rolling upgrade.
+    #[arg(long, env = "READSTATES_FLEET_AUTH")]
+    fleet_auth: FleetAuth = FleetAuth::Required;
     /// How often a fleet node reads the ring.
     #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -523,7 +542,8 @@ impl Config {
     }
 
     /// What this node proves to the fleet's other nodes with, and checks
-    /// their calls against; `None` without a secret (a standalone node).
+    /// their calls against (see `fleet_auth`); `None` without a secret (a
+    /// standalone node).
     pub fn fleet_credential(&self) -> Option<FleetCredential> {
         (self.fleet_secret.as_ref()).map(|secret| FleetCredential::new(secret.expose()))
     }

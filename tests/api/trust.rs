@@ -129,3 +129,30 @@ async fn a_client_cannot_mark_its_calls_as_a_node_s() {
     assert_eq!(refused.map(|s| s.code()), Some(Code::ResourceExhausted));
     app.stop().await;
 }
+
+/// A rolling upgrade from a build whose nodes send no token: with
+/// `--fleet-auth upgrading` a call without one is taken (and counted), a
+/// wrong one still refused.
+#[tokio::test]
+async fn while_upgrading_a_call_without_a_token_is_taken_and_a_wrong_one_refused() {
+    let (store, ring) = crate::fleet::shared();
+    let mut config = test_config();
+    config.node_id = Some("a".into());
+    config.fleet_auth = readstates::config::FleetAuth::Upgrading;
+    let a = crate::helpers::spawn_member(config, store, ring.clone()).await;
+    crate::fleet::add(&ring, "a", &a, 100).await;
+    let mut fleet = FleetClient::new(a.channel().await);
+    let release = || ReleaseSlotsRequest {
+        epoch: 1,
+        slots: vec![],
+        node_id: "old".into(),
+    };
+    fleet.release_slots(release()).await.unwrap();
+    let mut forged = Request::new(release());
+    forged
+        .metadata_mut()
+        .insert("x-readstates-fleet-token", "00".repeat(32).parse().unwrap());
+    let refused = fleet.release_slots(forged).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    a.stop().await;
+}
