@@ -15,7 +15,6 @@ use readstates_routing::Node;
 use tokio::net::TcpListener;
 use tokio::task::{JoinError, JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
@@ -206,8 +205,11 @@ impl Application {
             .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .build_v1()?;
+        // Only the fleet's nodes may call Fleet or speak as a node.
+        let node_calls = NodeCalls::new(config.fleet_credential(), config.fleet_auth);
         let mut service =
-            ReadStatesService::new(cache.clone(), ServiceConfig::from(&config), stop.clone());
+            ReadStatesService::new(cache.clone(), ServiceConfig::from(&config), stop.clone())
+                .trusting(node_calls.clone());
         // A node of a fleet follows the ring, routes, and answers the other
         // nodes' ReleaseSlots.
         // A node that joins and drains by itself (`--join-weight`,
@@ -223,7 +225,6 @@ impl Application {
             }),
             _ => None,
         };
-        let node_calls = NodeCalls::new(config.fleet_credential(), config.fleet_auth);
         let (fleet, follower, copier, ready) =
             match (ring_store, &config.node_id, config.fleet_credential()) {
                 (Some(ring_store), Some(node_id), Some(credential)) => {
@@ -261,15 +262,10 @@ impl Application {
                 }
                 _ => (None, None, None, None),
             };
-        // Only the fleet's nodes may call Fleet or speak as a node.
-        let (calls, fleet_calls) = (node_calls.clone(), node_calls);
-        let read_states = InterceptedService::new(
-            ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES),
-            move |request| calls.read_states(request),
-        );
+        let read_states = ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES);
         let fleet = fleet.map(|router| {
             FleetServer::with_interceptor(FleetService::new(router), move |request| {
-                fleet_calls.fleet(request)
+                node_calls.fleet(request)
             })
         });
         let router = Server::builder()

@@ -44,7 +44,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::cache::Cache;
-use crate::config::Config;
+use crate::config::{Config, FleetAuth};
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
 use crate::ownership::SlotState;
@@ -101,6 +101,8 @@ pub struct ReadStatesService {
     apply_memory: apply::Memory,
     /// A fleet node's ring and peers; `None` when standalone.
     router: Option<route::Router>,
+    /// Who may speak as a node.
+    node_calls: node_calls::NodeCalls,
 }
 
 /// Each method's request metrics.
@@ -156,9 +158,8 @@ struct Origin {
 }
 
 impl Origin {
-    fn of(metadata: &MetadataMap) -> Origin {
+    fn of(metadata: &MetadataMap, hop: route::Hop) -> Origin {
         let started = Instant::now();
-        let hop = route::Hop::of(metadata);
         let epoch = match hop {
             route::Hop::First => 0,
             _ => route::epoch_of(metadata),
@@ -188,8 +189,24 @@ impl ReadStatesService {
             apply_streams: Arc::new(Semaphore::new(config.max_apply_streams)),
             apply_memory: apply::Memory::default(),
             router: None,
+            node_calls: node_calls::NodeCalls::new(None, FleetAuth::Required),
             config,
         }
+    }
+
+    /// Takes calls marked as a node's only as `node_calls` says (see
+    /// [`node_calls`]); without it, none.
+    pub fn trusting(mut self, node_calls: node_calls::NodeCalls) -> ReadStatesService {
+        self.node_calls = node_calls;
+        self
+    }
+
+    /// How far `request` has come, refused (PERMISSION_DENIED) if it says
+    /// a node sent it and no node did.
+    fn hop_of<T>(&self, request: &Request<T>) -> Result<route::Hop, Status> {
+        let hop = route::Hop::of(request.metadata());
+        (self.node_calls).read_states(&hop, request.metadata(), request.remote_addr())?;
+        Ok(hop)
     }
 
     /// A node of a fleet: routes by `router` (see [`route`]).
@@ -209,7 +226,7 @@ impl ReadStatesService {
         Req: Forward,
         F: Future<Output = Result<Req::Response, Error>>,
     {
-        let origin = Origin::of(request.metadata());
+        let origin = Origin::of(request.metadata(), self.hop_of(&request)?);
         self.run_routed(metrics, origin, request.into_inner(), handler, true)
             .await
             .map(Response::new)
@@ -313,7 +330,7 @@ impl ReadStatesService {
         Req: Scatter,
         F: Future<Output = Result<Req::Response, Error>>,
     {
-        let origin = Origin::of(request.metadata());
+        let origin = Origin::of(request.metadata(), self.hop_of(&request)?);
         self.run_scattered(metrics, origin, request.into_inner(), handler)
             .await
             .map(Response::new)
@@ -620,9 +637,9 @@ impl ReadStates for ReadStatesService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let started = Instant::now();
         // A stream relayed from another node subscribes only here.
-        let router = match request.metadata().contains_key(route::FORWARDED) {
-            true => None,
-            false => self.router.clone(),
+        let router = match self.hop_of(&request)? {
+            route::Hop::First => self.router.clone(),
+            _ => None,
         };
         let stream = watch::handle(
             self.cache.clone(),
@@ -649,7 +666,7 @@ impl ReadStates for ReadStatesService {
         request: Request<Streaming<ApplyRequest>>,
     ) -> Result<Response<Self::ApplyStream>, Status> {
         let started = Instant::now();
-        let hop = route::Hop::of(request.metadata());
+        let hop = self.hop_of(&request)?;
         let permit = match hop {
             route::Hop::First => match self.apply_streams.clone().try_acquire_owned() {
                 Ok(permit) => Some(permit),

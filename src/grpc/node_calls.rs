@@ -1,18 +1,21 @@
-//! Who may speak as a node of the fleet, checked on the gRPC port before
-//! any handler runs: every `Fleet` call, and every `ReadStates` call that
+//! Who may speak as a node of the fleet: every `Fleet` call (checked by an
+//! interceptor, before its handler runs), and every `ReadStates` call that
 //! carries a node's marker (forwarded or passed on, see [`super::route`]:
-//! such a call skips the client limits and checks a node has already
-//! made), must carry the fleet's token ([`FleetCredential`]). Anything else
-//! gets PERMISSION_DENIED and is counted in
+//! such a call skips the client limits and checks a node has already made;
+//! checked where the service reads the marker, [`super::ReadStatesService`]'s
+//! `hop_of`), must carry the fleet's token ([`FleetCredential`]). Anything
+//! else gets PERMISSION_DENIED and is counted in
 //! `readstates_node_calls_refused_total{reason}`. A client's own calls,
-//! unmarked, pass untouched.
+//! unmarked, pass untouched, at the cost of one header lookup.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use metrics::counter;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
-use super::route::{FORWARDED, PASSED_ON};
+use super::route::{FORWARDED, Hop, PASSED_ON};
 use crate::cluster::credential::{FleetCredential, Refusal};
 use crate::config::FleetAuth;
 use crate::metrics::NODE_CALLS_REFUSED;
@@ -37,23 +40,37 @@ impl NodeCalls {
 
     /// For the `Fleet` service: every call is a node's.
     pub fn fleet(&self, request: Request<()>) -> Result<Request<()>, Status> {
-        self.check(&request, "the Fleet service")?;
+        self.check(
+            request.metadata(),
+            request.remote_addr(),
+            "the Fleet service",
+        )?;
         Ok(request)
     }
 
-    /// For the `ReadStates` service: a call marked as a node's.
-    pub fn read_states(&self, request: Request<()>) -> Result<Request<()>, Status> {
-        for marker in [FORWARDED, PASSED_ON] {
-            if request.metadata().contains_key(marker) {
-                self.check(&request, marker)?;
-            }
+    /// For a `ReadStates` call that came `hop`: one marked as a node's
+    /// must be a node's.
+    pub fn read_states(
+        &self,
+        hop: &Hop,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+    ) -> Result<(), Status> {
+        match hop {
+            Hop::First => Ok(()),
+            Hop::Forwarded(_) => self.check(metadata, peer, FORWARDED),
+            Hop::PassedOn => self.check(metadata, peer, PASSED_ON),
         }
-        Ok(request)
     }
 
-    fn check(&self, request: &Request<()>, what: &str) -> Result<(), Status> {
+    fn check(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+        what: &str,
+    ) -> Result<(), Status> {
         let verdict = match &self.credential {
-            Some(credential) => credential.verify(request.metadata()),
+            Some(credential) => credential.verify(metadata),
             None => Err(Refusal::NoFleet),
         };
         if verdict == Err(Refusal::Missing) && self.take_missing {
@@ -62,7 +79,6 @@ impl NodeCalls {
         }
         verdict.map_err(|refusal| {
             counter!(NODE_CALLS_REFUSED, "reason" => refusal.name()).increment(1);
-            let peer = request.remote_addr();
             tracing::debug!(
                 what,
                 reason = refusal.name(),
