@@ -24,6 +24,16 @@ fn value_of(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// `message` with a token that is not the fleet's.
+fn forged<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    let token = "00".repeat(32).parse().unwrap();
+    request
+        .metadata_mut()
+        .insert("x-readstates-fleet-token", token);
+    request
+}
+
 /// Before the fix, each of these was served to anyone: a stranger's
 /// `HandOver` cut midway dropped what the real handoff had installed, a
 /// forged one was served and written, a forged `CopyChannels` pinned
@@ -72,11 +82,7 @@ async fn a_client_without_the_fleet_token_cannot_call_the_fleet_service() {
         assert!(refused.message().contains("fleet"), "{refused:?}");
     }
     // Another fleet's token is no better.
-    let mut forged = Request::new(release());
-    forged
-        .metadata_mut()
-        .insert("x-readstates-fleet-token", "00".repeat(32).parse().unwrap());
-    let refused = fleet.release_slots(forged).await.unwrap_err();
+    let refused = fleet.release_slots(forged(release())).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     // The fleet's own nodes are answered.
     let mut request = Request::new(release());
@@ -148,11 +154,7 @@ async fn while_upgrading_a_call_without_a_token_is_taken_and_a_wrong_one_refused
         node_id: "old".into(),
     };
     fleet.release_slots(release()).await.unwrap();
-    let mut forged = Request::new(release());
-    forged
-        .metadata_mut()
-        .insert("x-readstates-fleet-token", "00".repeat(32).parse().unwrap());
-    let refused = fleet.release_slots(forged).await.unwrap_err();
+    let refused = fleet.release_slots(forged(release())).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     a.stop().await;
 }
