@@ -67,11 +67,20 @@ impl Fleet {
         };
         for id in IDS {
             // A port of its own, known before it starts: the node advertises
-            // it (port 0 is no address anyone can reach, and is refused).
-            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let listen = free.local_addr().unwrap().to_string();
-            drop(free);
-            let server = fleet.serve(id, &listen);
+            // it (port 0 is no address anyone can reach, and is refused). Free
+            // when picked, it may be taken before the node binds it (another
+            // test's connection): then another one.
+            let mut tries = 0;
+            let server = loop {
+                let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let listen = free.local_addr().unwrap().to_string();
+                drop(free);
+                match fleet.try_serve(id, &listen) {
+                    Ok(server) => break server,
+                    Err(log) if tries < 3 && log.contains("Address already in use") => tries += 1,
+                    Err(log) => panic!("{id} did not start serving; its log:\n{log}"),
+                }
+            };
             let node = Node {
                 id: id.to_owned(),
                 address: server.grpc.to_string(),
@@ -116,6 +125,12 @@ impl Fleet {
     }
 
     fn serve(&self, id: &str, listen: &str) -> Server {
+        (self.try_serve(id, listen))
+            .unwrap_or_else(|log| panic!("{id} did not start serving; its log:\n{log}"))
+    }
+
+    /// [`Fleet::serve`], or the log of a node that did not start.
+    fn try_serve(&self, id: &str, listen: &str) -> Result<Server, String> {
         let mut args = vec![
             "--node-id",
             id,
@@ -131,7 +146,7 @@ impl Fleet {
         if self.joining {
             args.extend(["--join-weight", "100", "--drain-timeout", "30s"]);
         }
-        Server::start_in(&self.keyspace, listen, &nodes(), &args)
+        Server::try_start_in(&self.keyspace, listen, &nodes(), &args)
     }
 
     /// Makes the change and waits until every slot is served; how long.

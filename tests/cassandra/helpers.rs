@@ -102,6 +102,17 @@ impl Server {
 
     /// [`Server::start`] in `keyspace`, listening on `listen`.
     pub fn start_in(keyspace: &str, listen: &str, nodes: &str, args: &[&str]) -> Server {
+        Server::try_start_in(keyspace, listen, nodes, args)
+            .unwrap_or_else(|log| panic!("readstates did not start serving; its log:\n{log}"))
+    }
+
+    /// [`Server::start_in`], or the log of a process that did not start.
+    pub fn try_start_in(
+        keyspace: &str,
+        listen: &str,
+        nodes: &str,
+        args: &[&str],
+    ) -> Result<Server, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_readstates"))
             .args([
                 "serve",
@@ -148,15 +159,17 @@ impl Server {
             }
         });
         match addresses.recv_timeout(Duration::from_secs(30)) {
-            Ok((Some(grpc), Some(metrics))) => Server {
+            Ok((Some(grpc), Some(metrics))) => Ok(Server {
                 child,
                 grpc,
                 metrics,
                 log,
-            },
+            }),
             other => {
                 let _ = child.kill();
-                panic!("readstates did not start serving ({other:?}); TEST_LOG=1 shows its log");
+                let _ = child.wait();
+                let lines = log.lock().unwrap().join("\n");
+                Err(format!("({other:?})\n{lines}"))
             }
         }
     }
