@@ -176,8 +176,7 @@ async fn serve(
             () = &mut closed => return,
             permit = responses.reserve(), if !items.answered.is_empty() => {
                 let Ok(permit) = permit else { return };
-                let (response, bytes) = items.take_answered();
-                permit.send(Ok(memory.charge(response, bytes)));
+                permit.send(Ok(items.take_answered()));
                 if items.may_resume() {
                     items.resume();
                 }
@@ -380,10 +379,9 @@ impl<'a> Items<'a> {
     }
 
     /// The answers not sent yet, as many as fit in one response (see
-    /// [`MAX_RESPONSE_BYTES`]; at least one).
-    /// With their bytes, which the node's memory counts on until the
-    /// transport takes the response.
-    fn take_answered(&mut self) -> (ApplyResponse, usize) {
+    /// [`MAX_RESPONSE_BYTES`]; at least one), counted in the node's memory
+    /// until the transport takes them.
+    fn take_answered(&mut self) -> memory::Charged<ApplyResponse> {
         let mut size = 0;
         let mut taken = 0;
         let fit = self
@@ -399,11 +397,10 @@ impl<'a> Items<'a> {
             .count();
         let rest = self.answered.split_off(fit.min(self.answered.len()));
         self.answered_bytes -= taken;
-        self.service.apply_memory.give_back(taken);
         let response = ApplyResponse {
             results: std::mem::replace(&mut self.answered, rest),
         };
-        (response, taken)
+        self.service.apply_memory.counted(response, taken)
     }
 
     /// Starts, or holds, the items of `batch`, which `arrived` then, in

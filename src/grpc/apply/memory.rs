@@ -33,6 +33,11 @@ impl Memory {
     /// `value`, counted as `bytes` until it is taken out or dropped.
     pub fn charge<T>(&self, value: T, bytes: usize) -> Charged<T> {
         self.take(bytes);
+        self.counted(value, bytes)
+    }
+
+    /// `value`, whose `bytes` are counted already, given back with it.
+    pub fn counted<T>(&self, value: T, bytes: usize) -> Charged<T> {
         Charged {
             value: Some(value),
             bytes,
