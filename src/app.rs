@@ -4,6 +4,7 @@
 //! [`Application::start`] starts ([`Running`]), and [`Running::stop`] stops
 //! in the documented order.
 
+mod journaling;
 mod linger;
 
 use std::future::Future;
@@ -35,6 +36,8 @@ use crate::grpc::fleet::FleetService;
 use crate::grpc::node_calls::NodeCalls;
 use crate::grpc::route::Router;
 use crate::grpc::{ReadStatesService, ServiceConfig};
+use crate::journal::Journal;
+use crate::journal::disk::{self, Disk};
 use crate::metrics;
 use crate::ownership::Ownership;
 use crate::proto::fleet_server::FleetServer;
@@ -79,6 +82,8 @@ pub struct Application {
     ring_store: Option<Arc<dyn RingStore>>,
     /// The gRPC port's TLS (`--tls-cert`), also used to call other nodes.
     tls: Option<Arc<Tls>>,
+    /// Where changes are journaled (`--journal`), replayed already.
+    journal: Option<Arc<Journal>>,
 }
 
 impl Application {
@@ -103,12 +108,32 @@ impl Application {
         Application::build_with(config, store, None).await
     }
 
+    /// [`Application::build_with_store`], its journal (if any) on a disk
+    /// of the caller's (tests make it fail, see
+    /// [`crate::journal::disk::faulty`]).
+    pub async fn build_with_disk(
+        config: Config,
+        store: Arc<dyn Store>,
+        disk: Arc<dyn Disk>,
+    ) -> Result<Application, BoxError> {
+        Application::build_on(config, store, None, disk).await
+    }
+
     /// A node of a fleet whose ring is kept in `ring_store` (tests keep it
     /// in memory), under `config.node_id`, on a store of the caller's.
     pub async fn build_with(
         config: Config,
         store: Arc<dyn Store>,
         ring_store: Option<Arc<dyn RingStore>>,
+    ) -> Result<Application, BoxError> {
+        Application::build_on(config, store, ring_store, Arc::new(disk::Fs)).await
+    }
+
+    async fn build_on(
+        config: Config,
+        store: Arc<dyn Store>,
+        ring_store: Option<Arc<dyn RingStore>>,
+        disk: Arc<dyn Disk>,
     ) -> Result<Application, BoxError> {
         if ring_store.is_some() && config.node_id.is_none() {
             return Err("a node of a fleet needs its node_id".into());
@@ -131,6 +156,8 @@ impl Application {
         if channels > 0 {
             tracing::info!(channels, "channels counted by channel loaded");
         }
+        // Before anything is served or handed over: what a crash left.
+        let journal = journaling::open(&config, &cache, disk)?;
         let tls = config.tls_files().map(Tls::load).transpose()?;
         if let (Some(tls), Some(_)) = (&tls, &config.node_id) {
             tls.check_node_certificate()?;
@@ -144,6 +171,7 @@ impl Application {
             cache,
             ring_store,
             tls,
+            journal,
         })
     }
 
@@ -177,12 +205,15 @@ impl Application {
             cache,
             ring_store,
             tls,
+            journal,
         } = self;
         let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
         let recount = tokio::spawn(recount::run(cache.clone(), RECOUNT_EVERY, stop.clone()));
+        let trimmer = (journal.clone())
+            .map(|journal| journaling::spawn_trimmer(journal, cache.clone(), stop.clone()));
         metrics::build_info(config.node_id.as_deref().unwrap_or("standalone"));
         let metrics_server = tokio::spawn(metrics::server::serve(
             metrics_listener,
@@ -338,6 +369,8 @@ impl Application {
             ready,
             copier,
             tls_reloader,
+            journal,
+            trimmer,
         })
     }
 }
@@ -374,6 +407,10 @@ pub struct Running {
     copier: Option<JoinHandle<()>>,
     /// Reads the TLS files again now and then, stopped with `stop`.
     tls_reloader: Option<JoinHandle<()>>,
+    /// Closed after the final writes: emptied if they wrote everything.
+    journal: Option<Arc<Journal>>,
+    /// Deletes what the store holds from the journal, stopped with `stop`.
+    trimmer: Option<JoinHandle<()>>,
 }
 
 impl Running {
@@ -434,6 +471,7 @@ impl Running {
             self.copier.take(),
             self.tls_reloader.take(),
             self.joiner.take(),
+            self.trimmer.take(),
         ]
         .into_iter()
         .flatten()
@@ -448,6 +486,11 @@ impl Running {
             );
         } else {
             tracing::info!("every change written");
+        }
+        if let Some(journal) = self.journal.take() {
+            // Kept whole if something is unwritten: the next start replays it.
+            let written = report.unwritten == 0;
+            tokio::task::spawn_blocking(move || journal.close(written)).await?;
         }
         // The last bytes of the last connections reach their clients only
         // while their sockets stay open (see `linger`), meanwhile the

@@ -17,7 +17,7 @@ pub(crate) mod shard;
 mod users;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -28,6 +28,7 @@ use crate::channel_states::ChannelStates;
 use crate::clock;
 use crate::config::Config;
 use crate::error::Error;
+use crate::journal::{Journal, Replayed, record};
 use crate::ownership::{Ownership, SlotState};
 use crate::read_state::{UserReadStates, UserView};
 use crate::recent_deletions::{Deletion, RecentDeletions};
@@ -115,6 +116,9 @@ pub struct Cache {
     /// The channels counted by channel, which users' counts read (see
     /// [`crate::channel_states`]).
     channels: Arc<ChannelStates>,
+    /// Where changes are journaled before they are answered (see
+    /// [`crate::journal`]); unset: they are not.
+    journal: OnceLock<Arc<Journal>>,
 }
 
 impl Cache {
@@ -155,7 +159,47 @@ impl Cache {
             gate: ChangeGate::default(),
             ownership,
             channels,
+            journal: OnceLock::new(),
         })
+    }
+
+    /// Journals every later change, users' and channels', before it is
+    /// answered; set once, before serving.
+    pub fn set_journal(&self, journal: Arc<Journal>) {
+        self.channels.set_journal(journal.clone());
+        let _ = self.journal.set(journal);
+    }
+
+    /// Takes in what the journal held at start, before serving: replayed
+    /// users wait beside the cache to be written (or laid over the user
+    /// when it is loaded), channels replace older ones held.
+    pub fn replay(&self, replayed: Replayed) {
+        let since = Instant::now();
+        for (_, write) in replayed.users {
+            self.with_shard(self.shard_of(write.user_id), |shard| {
+                shard.add_replayed(write, since);
+            });
+        }
+        self.channels.replay(replayed.channels);
+    }
+
+    /// Waits until every change applied so far (the caller's among them) is
+    /// durable in the journal, if there is one.
+    pub async fn journaled(&self) -> Result<(), Error> {
+        let Some(journal) = self.journal.get() else {
+            return Ok(());
+        };
+        (journal.durable(journal.appended()).await).map_err(|e| Error::JournalFailed {
+            reason: e.to_string(),
+        })
+    }
+
+    /// When the oldest change the store does not hold was made (`None`:
+    /// the store holds everything), for the journal's trimmer.
+    pub fn oldest_unwritten(&self) -> Option<Instant> {
+        let users =
+            (0..self.shards.len()).filter_map(|index| self.lock(index).gauges().oldest_unwritten);
+        users.chain(self.channels.oldest_unwritten()).min()
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -203,6 +247,7 @@ impl Cache {
             .await?;
         let (result, write) = applied?;
         self.write_through(write.into_iter().collect()).await?;
+        self.journaled().await?;
         Ok(result)
     }
 
@@ -276,6 +321,10 @@ impl Cache {
             let mut applied = self.apply_change(shard, user_id, |user| f(index, user, now_us));
             if let Some((true, write)) = &mut applied {
                 shard.deletions.remember(user_id, deletion);
+                if let Some(journal) = self.journal.get() {
+                    let lowered = shard.deletions.of_user(user_id, clock::now_micros() / 1000);
+                    journal.append(|out| record::append_lowered(out, user_id, &lowered));
+                }
                 // Written with the lowering it remembers (write-through).
                 if let Some(write) = write {
                     write.lowered = shard.deletions.of_user(user_id, clock::now_micros() / 1000);
@@ -343,6 +392,7 @@ impl Cache {
         drop(entry);
         pins.let_go();
         self.write_through(writes).await?;
+        self.journaled().await?;
         Ok((first, results))
     }
 
@@ -363,9 +413,15 @@ impl Cache {
         } else {
             self.config.write_delay
         };
+        let journal = self.journal.get();
         shard.change(user_id, delay, |user| {
             let version = user.version();
             let result = f(user);
+            if let Some(journal) = journal
+                && user.version() != version
+            {
+                journal.append(|out| record::append_user(out, user_id, version, user.view()));
+            }
             let write = (write_through && user.version() != version)
                 .then(|| UserWrite::of(user_id, user.view()));
             (result, write)
@@ -593,7 +649,16 @@ impl Cache {
         }
     }
 
+    /// Refuses a change before it is applied if it could not be kept: too
+    /// much waits for the store, or the journal is failing.
     fn check_unwritten(&self) -> Result<(), Error> {
+        if let Some(journal) = self.journal.get()
+            && !journal.healthy()
+        {
+            return Err(Error::JournalFailed {
+                reason: "the journal is failing on this node's disk; nothing was applied".into(),
+            });
+        }
         let evicted = self.evicted_unwritten();
         if evicted >= self.config.max_evicted_unwritten {
             return Err(Error::TooManyUnwritten {
@@ -679,7 +744,15 @@ impl Cache {
                         let now_us = clock::now_micros();
                         let lowered = std::mem::take(&mut stored.lowered);
                         shard.deletions.restore(user_id, &lowered, now_us / 1000);
-                        shard.insert_loaded(user_id, stored.into_user(now_us), pins);
+                        let user = match shard.take_replayed(user_id) {
+                            Some(mut replayed) => {
+                                let lowered = std::mem::take(&mut replayed.lowered);
+                                shard.deletions.restore(user_id, &lowered, now_us / 1000);
+                                stored.into_user_with(replayed, now_us)
+                            }
+                            None => stored.into_user(now_us),
+                        };
+                        shard.insert_loaded(user_id, user, pins);
                         Ok(())
                     }
                     Err(e) => {

@@ -195,6 +195,40 @@ impl ChannelState {
         state
     }
 
+    /// The stored form: version, counted_from, last_message_id,
+    /// dropped_up_to, then the recent ids to the end; little-endian u64s
+    /// (the embedded store's value, the journal's channel record).
+    pub fn encode(&self) -> Vec<u8> {
+        let head = [
+            self.version,
+            self.counted_from,
+            self.last_message_id,
+            self.dropped_up_to,
+        ];
+        (head.into_iter())
+            .chain(self.recent.iter().copied())
+            .flat_map(u64::to_le_bytes)
+            .collect()
+    }
+
+    /// What [`Self::encode`] wrote, or `None` if it is not that.
+    pub fn decode(channel_id: u64, bytes: &[u8]) -> Option<ChannelState> {
+        if !bytes.len().is_multiple_of(8) || bytes.len() < 32 {
+            return None;
+        }
+        let words: Vec<u64> = (bytes.chunks_exact(8))
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+            .collect();
+        Some(ChannelState::from_stored(
+            channel_id,
+            words[1],
+            words[2],
+            words[3],
+            words[4..].to_vec(),
+            words[0],
+        ))
+    }
+
     pub fn channel_id(&self) -> u64 {
         self.channel_id
     }

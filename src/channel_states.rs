@@ -20,7 +20,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, LazyLock, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::channel_state::{ChannelMap, ChannelState, Channels};
+use crate::journal::{Journal, record};
 use crate::read_state::Key;
 use crate::store::{Store, StoreError};
 
@@ -59,6 +60,8 @@ pub struct ChannelStates {
     /// A node of a fleet: changes are kept in `Held::changed` for the
     /// copier (a standalone node keeps none).
     copied: AtomicBool,
+    /// Where each change is journaled (see [`crate::journal`]), if set.
+    journal: OnceLock<Arc<Journal>>,
 }
 
 #[derive(Debug, Default)]
@@ -76,6 +79,10 @@ struct Held {
 /// A channel with changes the store does not hold yet.
 #[derive(Clone, Copy, Debug)]
 struct Unwritten {
+    /// When its oldest unwritten change was made (or, after a write that
+    /// missed changes made meanwhile, when that write's snapshot was
+    /// taken), for the journal's trimmer.
+    since: Instant,
     /// When the next write of it is due.
     due: Instant,
     /// Writes of it that failed in a row, for the backoff.
@@ -100,6 +107,7 @@ impl ChannelStates {
             changed: Notify::new(),
             switches: RwLock::default(),
             copied: AtomicBool::new(false),
+            journal: OnceLock::new(),
         })
     }
 
@@ -263,6 +271,7 @@ impl ChannelStates {
         let mut retry = RETRY_MIN;
         let mut written = 0;
         loop {
+            let taken = Instant::now();
             let unwritten: Vec<ChannelState> = {
                 let held = self.held();
                 (held.unwritten.keys())
@@ -274,7 +283,7 @@ impl ChannelStates {
                 return written;
             }
             for channel in unwritten {
-                written += usize::from(self.write(channel).await.is_ok());
+                written += usize::from(self.write(channel, taken).await.is_ok());
             }
             if self.held().unwritten.keys().any(|&id| leaving(id)) {
                 tokio::time::sleep(retry).await;
@@ -366,7 +375,7 @@ impl ChannelStates {
                     .collect()
             };
             for channel in due {
-                let _ = self.write(channel).await;
+                let _ = self.write(channel, now).await;
             }
         }
     }
@@ -377,6 +386,7 @@ impl ChannelStates {
         let deadline = Instant::now() + timeout;
         let mut retry = RETRY_MIN;
         loop {
+            let taken = Instant::now();
             let unwritten: Vec<ChannelState> = {
                 let held = self.held();
                 (held.unwritten.keys())
@@ -388,7 +398,7 @@ impl ChannelStates {
             }
             let mut failed = false;
             for channel in unwritten {
-                failed |= self.write(channel).await.is_err();
+                failed |= self.write(channel, taken).await.is_err();
             }
             if failed {
                 if Instant::now() + retry > deadline {
@@ -409,6 +419,7 @@ impl ChannelStates {
         if !self.write_delay.is_zero() {
             return Ok(());
         }
+        let taken = Instant::now();
         let snapshot = {
             let held = self.held();
             (held.unwritten.contains_key(&channel_id))
@@ -416,7 +427,7 @@ impl ChannelStates {
                 .flatten()
         };
         match snapshot {
-            Some(snapshot) => self.write(snapshot).await,
+            Some(snapshot) => self.write(snapshot, taken).await,
             None => Ok(()),
         }
     }
@@ -424,14 +435,16 @@ impl ChannelStates {
     /// Writes `channel_id` now, whatever the write delay (a switch on a
     /// fleet is answered only once written).
     pub async fn write_now(&self, channel_id: u64) -> Result<(), StoreError> {
+        let taken = Instant::now();
         match self.get(channel_id) {
-            Some(snapshot) => self.write(snapshot).await,
+            Some(snapshot) => self.write(snapshot, taken).await,
             None => Ok(()),
         }
     }
 
-    /// Writes one snapshot and marks what it held written.
-    async fn write(&self, snapshot: ChannelState) -> Result<(), StoreError> {
+    /// Writes one snapshot, `taken` at or before it was, and marks what it
+    /// held written.
+    async fn write(&self, snapshot: ChannelState, taken: Instant) -> Result<(), StoreError> {
         let result = self.store.write_channel(&snapshot).await;
         let id = snapshot.channel_id();
         let mut held = self.held_mut();
@@ -447,6 +460,7 @@ impl ChannelStates {
             Ok(()) => {
                 // Changed while being written: the rest in the next window.
                 *unwritten = Unwritten {
+                    since: taken,
                     due: now + self.write_delay,
                     failures: 0,
                 };
@@ -461,14 +475,55 @@ impl ChannelStates {
         result
     }
 
+    /// A change made here: journaled, and written behind.
     fn mark_unwritten(&self, held: &mut Held, channel_id: u64) {
+        if let (Some(journal), Some(channel)) = (self.journal.get(), held.channels.get(&channel_id))
+        {
+            journal.append(|out| record::append_channel(out, channel));
+        }
         if held.unwritten.contains_key(&channel_id) {
             return;
         }
-        let due = Instant::now() + self.write_delay;
-        held.unwritten
-            .insert(channel_id, Unwritten { due, failures: 0 });
+        let now = Instant::now();
+        let unwritten = Unwritten {
+            since: now,
+            due: now + self.write_delay,
+            failures: 0,
+        };
+        held.unwritten.insert(channel_id, unwritten);
         self.changed.notify_one();
+    }
+
+    /// Journals every later change (see [`crate::cache::Cache::set_journal`]).
+    pub fn set_journal(&self, journal: Arc<Journal>) {
+        let _ = self.journal.set(journal);
+    }
+
+    /// Takes in the channels a journal held at start: each replaces the one
+    /// held if newer, and is written behind at once.
+    pub fn replay(&self, channels: Vec<ChannelState>) {
+        let mut held = self.held_mut();
+        let now = Instant::now();
+        for channel in channels {
+            let id = channel.channel_id();
+            if (held.channels.get(&id)).is_some_and(|c| c.version() >= channel.version()) {
+                continue;
+            }
+            held.channels.insert(id, channel);
+            let unwritten = Unwritten {
+                since: now,
+                due: now,
+                failures: 0,
+            };
+            held.unwritten.insert(id, unwritten);
+        }
+        self.any.store(!held.channels.is_empty(), Ordering::Release);
+        self.changed.notify_one();
+    }
+
+    /// When the oldest change the store does not hold was made.
+    pub fn oldest_unwritten(&self) -> Option<Instant> {
+        self.held().unwritten.values().map(|u| u.since).min()
     }
 
     fn mark_changed(&self, held: &mut Held, channel_id: u64) {

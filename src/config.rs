@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::credential::{FleetCredential, MIN_SECRET_BYTES};
+use crate::journal::{JournalConfig, JournalMode};
 use crate::store::cassandra::CassandraConfig;
 use crate::tls::TlsFiles;
 
@@ -275,6 +276,21 @@ settings! {
     #[arg(long, env = "READSTATES_WRITE_DELAY", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     write_delay: Duration = Duration::from_secs(30);
+    /// When a change is answered relative to its journal sync
+    /// (`docs/journal.md`): `sync` (after it: a crash loses nothing
+    /// answered), `interval:10ms` (at once, synced that often: a crash
+    /// loses at most that) or `off` (a crash loses up to a write delay).
+    /// No journal in write-through or with the memory store.
+    #[arg(long, env = "READSTATES_JOURNAL")]
+    journal: JournalMode = JournalMode::Sync;
+    /// The journal's directory; by default `journal` in `data_dir`. On a
+    /// volume that outlives the process (a pod's volume claim).
+    #[arg(long, env = "READSTATES_JOURNAL_DIR")]
+    journal_dir: Option<PathBuf> = None;
+    /// Starts even if the journal is corrupt, skipping what cannot be read:
+    /// the changes in it are lost (the log says how many bytes).
+    #[arg(long, env = "READSTATES_JOURNAL_SKIP_CORRUPT", num_args = 0..=1, default_missing_value = "true")]
+    journal_skip_corrupt: bool = false;
     /// Read states held in memory, over all shards.
     #[arg(long, env = "READSTATES_CACHE_CAPACITY")]
     cache_capacity: usize = 10_000_000;
@@ -530,6 +546,21 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// The journal's settings, if changes are journaled: not in
+    /// write-through (each change is in the store before it is answered)
+    /// nor with the memory store (nothing survives a restart).
+    pub fn journal(&self) -> Option<JournalConfig> {
+        let kept = !self.write_delay.is_zero() && self.store != StoreKind::Memory;
+        if !kept || self.journal == JournalMode::Off {
+            return None;
+        }
+        let dir = (self.journal_dir.clone()).unwrap_or_else(|| self.data_dir.join("journal"));
+        Some(JournalConfig {
+            skip_corrupt: self.journal_skip_corrupt,
+            ..JournalConfig::new(dir, self.journal)
+        })
     }
 
     /// The TLS files, if the gRPC port serves TLS.

@@ -32,6 +32,13 @@ pub enum Error {
     /// node, or once this one is back).
     #[error("the server is shutting down; the change was not applied, retry it")]
     ShuttingDown,
+    /// The change could not be made durable in this node's journal (a
+    /// full or failing disk; see `docs/journal.md`): it was not
+    /// acknowledged. Refused before it was applied while the journal is
+    /// failing; otherwise applied in memory and written behind, and a
+    /// retry counts nothing twice. Retry it.
+    #[error("the change was not journaled, retry it: {reason}")]
+    JournalFailed { reason: String },
     /// Unsubscribing a user the Watch stream does not watch (never
     /// subscribed, unsubscribed already, or dropped with a resync).
     #[error("user {user_id} is not subscribed on this stream")]
@@ -130,6 +137,7 @@ impl Error {
             | Error::ChannelWriteFailed { .. }
             | Error::TooManyUnwritten { .. }
             | Error::ShuttingDown
+            | Error::JournalFailed { .. }
             | Error::NotServed { .. }
             | Error::Unrelayed { .. }
             | Error::ChannelNotOwned { .. }

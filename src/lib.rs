@@ -10,7 +10,9 @@
 //!   held by a node and written behind in [`channel_states`].
 //! - [`cache`]: sharded LRU of users, loading on miss; only the users of
 //!   slots this node serves ([`ownership`]).
-//! - [`write_behind`]: writes changed users to the store after a delay.
+//! - [`write_behind`]: writes changed users to the store after a delay;
+//!   [`journal`]: a local log of every change, synced before it is
+//!   answered, replayed at start, so a crash loses nothing acknowledged.
 //! - [`watch`]: live change streams, fed by the cache shards.
 //! - [`store`]: the [`store::Store`] trait and its implementations.
 //! - [`cluster`]: a fleet of nodes: the ring (where it is kept, how it
@@ -41,6 +43,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod journal;
 pub mod metrics;
 pub mod ownership;
 pub mod proto;

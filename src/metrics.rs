@@ -53,6 +53,16 @@ pub const RING_CHANGE_WAITS: &str = "readstates_ring_change_waits_total";
 pub const HANDED_IN_USERS: &str = "readstates_handed_in_users_total";
 /// Calls refused as a node's without the fleet's token, by `reason`.
 pub const NODE_CALLS_REFUSED: &str = "readstates_node_calls_refused_total";
+/// The journal (`docs/journal.md`): syncs, the records and bytes they
+/// made durable, how long each took, failed writes or syncs, whether the
+/// last one succeeded (0: changes are refused), and its sealed segments.
+pub const JOURNAL_SYNCS: &str = "readstates_journal_syncs_total";
+pub const JOURNAL_RECORDS: &str = "readstates_journal_records_total";
+pub const JOURNAL_BYTES: &str = "readstates_journal_bytes_total";
+pub const JOURNAL_SYNC_DURATION: &str = "readstates_journal_sync_duration_seconds";
+pub const JOURNAL_FAILURES: &str = "readstates_journal_failures_total";
+pub const JOURNAL_HEALTHY: &str = "readstates_journal_healthy";
+pub const JOURNAL_SEGMENTS: &str = "readstates_journal_segments";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 
@@ -132,6 +142,29 @@ pub fn store_operation(store: &'static str, operation: &'static str, elapsed: Du
 }
 
 /// A successful write carried this many read states.
+/// The journal's writer made a batch durable.
+pub fn journal_synced(bytes: usize, records: u64, took: Duration) {
+    counter!(JOURNAL_SYNCS).increment(1);
+    counter!(JOURNAL_RECORDS).increment(records);
+    counter!(JOURNAL_BYTES).increment(bytes as u64);
+    histogram!(JOURNAL_SYNC_DURATION).record(took.as_secs_f64());
+    gauge!(JOURNAL_HEALTHY).set(1.0);
+}
+
+/// The journal's writer failed to write or sync a batch.
+pub fn journal_failed() {
+    counter!(JOURNAL_FAILURES).increment(1);
+    gauge!(JOURNAL_HEALTHY).set(0.0);
+}
+
+pub fn journal_healthy(healthy: bool) {
+    gauge!(JOURNAL_HEALTHY).set(if healthy { 1.0 } else { 0.0 });
+}
+
+pub fn journal_segments(segments: usize) {
+    gauge!(JOURNAL_SEGMENTS).set(segments as f64);
+}
+
 pub fn store_written(read_states: usize) {
     counter!(STORE_WRITTEN).increment(read_states as u64);
 }

@@ -380,6 +380,20 @@ impl UserReadStates {
     }
 }
 
+impl UserReadStates {
+    /// A user put together from the store's rows and rows it lacks (a
+    /// journal's replay): the store holds only what is at or below
+    /// `written_version`, and a "delete all" at `delta_floor` too unless
+    /// `clear_pending`.
+    pub fn written_only_to(mut self, written_version: u64, clear_pending: bool) -> Self {
+        self.written_version = written_version.min(self.version);
+        self.clear_pending = clear_pending;
+        self.unwritten = Some(self.unwritten_entries().count() as u32);
+        self.unwritten_change = 0;
+        self
+    }
+}
+
 impl<E: Entries> UserReadStates<E> {
     /// Puts a user back together from what [`Self::into_parts`] gave.
     pub fn from_parts(header: Header, entries: E) -> Self {

@@ -49,6 +49,35 @@ impl StoredUser {
     /// dropped, and since a store may have expired some already (Cassandra's
     /// TTL), no delta from before the retention window is taken as exact.
     pub fn into_user(self, now_us: u64) -> UserReadStates {
+        self.into_user_written_to(None, now_us)
+    }
+
+    /// The user as the cache holds it, with `unwritten` (a journal's replay,
+    /// changes the store may lack) laid over it: a row of it replaces the
+    /// stored one if newer, and stays unwritten if newer than what the
+    /// store holds, to be written behind.
+    pub fn into_user_with(mut self, unwritten: UserWrite, now_us: u64) -> UserReadStates {
+        let written = self.version;
+        let clear = unwritten.clear_below.filter(|&c| c > written);
+        if let Some(clear) = clear {
+            self.read_states.retain(|s| s.version >= clear);
+        }
+        self.parents.extend(unwritten.parents);
+        for state in unwritten.read_states {
+            match self.read_states.iter_mut().find(|s| s.key() == state.key()) {
+                Some(held) if held.version >= state.version => {}
+                Some(held) => *held = state,
+                None => self.read_states.push(state),
+            }
+        }
+        self.version = written.max(unwritten.version);
+        self.delta_floor = self.delta_floor.max(unwritten.delta_floor);
+        self.into_user_written_to(Some((written, clear.is_some())), now_us)
+    }
+
+    /// [`Self::into_user`], with the store holding only up to a version
+    /// (and a pending "delete all") when `written` says so.
+    fn into_user_written_to(self, written: Option<(u64, bool)>, now_us: u64) -> UserReadStates {
         let retention_start = now_us.saturating_sub(TOMBSTONE_RETENTION.as_micros() as u64);
         let delta_floor = self.delta_floor.max(retention_start);
         let parents = self.parents;
@@ -62,6 +91,9 @@ impl StoredUser {
             })
             .collect();
         let mut user = UserReadStates::from_stored(self.version, delta_floor, rows);
+        if let Some((version, clear_pending)) = written {
+            user = user.written_only_to(version, clear_pending);
+        }
         user.prune_tombstones(now_us);
         user
     }

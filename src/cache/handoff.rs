@@ -21,6 +21,7 @@ use futures::{Stream, StreamExt};
 use tokio::time::Duration;
 
 use super::Cache;
+use crate::journal::record;
 use crate::read_state::UserReadStates;
 use crate::recent_deletions::Deletion;
 
@@ -76,7 +77,30 @@ impl Cache {
     /// is applied: the caller moved those slots out of `Serving`.
     pub async fn settled_users(&self, leaving: impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
         self.gate.barrier().await;
+        self.write_replayed(&leaving).await;
         self.users_leaving(&leaving)
+    }
+
+    /// Writes the users `leaving` names that a journal's replay holds
+    /// beside the cache (see [`Cache::replay`]), retrying until the store
+    /// takes them: they travel through the store, not in a handoff.
+    async fn write_replayed(&self, leaving: &impl Fn(u64) -> bool) {
+        let replayed = |cache: &Cache| -> Vec<Vec<u64>> {
+            (0..cache.shard_count())
+                .map(|index| {
+                    cache.with_shard(index, |shard| {
+                        shard.replayed_users().filter(|&id| leaving(id)).collect()
+                    })
+                })
+                .collect()
+        };
+        // Queued once: write-behind retries a failed write itself.
+        for (index, ids) in replayed(self).iter().enumerate() {
+            self.with_shard(index, |shard| shard.expedite_replayed(ids));
+        }
+        while replayed(self).iter().any(|ids| !ids.is_empty()) {
+            tokio::time::sleep(super::RELEASE_POLL).await;
+        }
     }
 
     /// Users sent in one chunk.
@@ -134,6 +158,15 @@ impl Cache {
             Chunk::Users(users) => {
                 let count = users.len();
                 for user in users {
+                    // Its unwritten changes are this node's to keep now:
+                    // journaled (the handoff completes once they are
+                    // durable, see `Cache::journaled`).
+                    if let Some(journal) = self.journal.get()
+                        && user.states.version() > user.states.written_version()
+                    {
+                        let (since, view) = (user.states.written_version(), user.states.view());
+                        journal.append(|out| record::append_user(out, user.user_id, since, view));
+                    }
                     self.with_shard(self.shard_of(user.user_id), |shard| {
                         shard.install(user, write_delay);
                     });

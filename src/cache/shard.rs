@@ -28,6 +28,7 @@ use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
 
 mod handoff;
+mod replayed;
 
 /// A stream watching a user, and the last version queued to it.
 #[derive(Debug)]
@@ -134,7 +135,11 @@ pub(crate) struct Shard {
     /// Users to write as soon as possible (evicted, or changed while written).
     ready: VecDeque<u64>,
     /// Users with a write under way.
-    in_flight: HashSet<u64>,
+    in_flight: HashMap<u64, u16>,
+    /// Users replayed from the journal and not loaded (see [`replayed`]).
+    replayed: HashMap<u64, UserWrite>,
+    /// When they were replayed, while any is left.
+    replayed_since: Option<Instant>,
     /// Unwritten read states in this shard, cached or evicted. Per shard
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
@@ -179,7 +184,9 @@ impl Shard {
             delayed: VecDeque::new(),
             handed: BinaryHeap::new(),
             ready: VecDeque::new(),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
+            replayed: HashMap::new(),
+            replayed_since: None,
             unwritten: 0,
             evicted_total,
             stats: ShardStats::default(),
@@ -554,8 +561,25 @@ impl Shard {
             self.add_pins(slot, pins);
             return;
         }
+        // Changes the store lacks: a replayed user's (see [`replayed`]).
+        let unwritten = states.unwritten_count();
         let user = self.record(user_id, states);
         let slot = self.users.insert(user);
+        if unwritten > 0 {
+            self.adjust_unwritten(unwritten as isize);
+            let since = self.ticks(self.replayed_since.unwrap_or_else(Instant::now));
+            // A write of the replayed user under way goes on with it.
+            let in_flight = self.in_flight.contains_key(&user_id);
+            let user = self.users.get_mut(slot);
+            user.since = since;
+            user.flags.set(Flags::UNWRITTEN_SINCE, true);
+            user.flags.set(Flags::IN_FLIGHT, in_flight);
+            if !in_flight {
+                user.flags.set(Flags::QUEUED, true);
+                self.ready.push_back(user_id);
+                self.wake = true;
+            }
+        }
         self.add_pins(slot, pins);
         self.evict_over_capacity(slot);
     }
@@ -654,6 +678,8 @@ impl Shard {
                 if user.has_unwritten() && !user.is(Flags::IN_FLIGHT) {
                     return Due::User(user_id);
                 }
+            } else if self.replayed_due(user_id) {
+                return Due::User(user_id);
             }
         }
     }
@@ -676,10 +702,13 @@ impl Shard {
 
     /// Every unwritten user not already being written, for the final drain.
     pub(crate) fn unwritten_users(&self) -> Vec<u64> {
-        self.users
-            .iter()
+        (self.users.iter())
             .filter(|u| u.has_unwritten() && !u.is(Flags::IN_FLIGHT))
             .map(|u| u.user_id)
+            .chain(
+                self.replayed_users()
+                    .filter(|id| !self.in_flight.contains_key(id)),
+            )
             .collect()
     }
 
@@ -692,7 +721,9 @@ impl Shard {
         retry: bool,
         now_us: u64,
     ) -> Option<UserWrite> {
-        let slot = self.users.find(user_id)?;
+        let Some(slot) = self.users.find(user_id) else {
+            return self.begin_replayed_write(user_id, retry);
+        };
         let user = self.users.get(slot);
         if user.is(Flags::IN_FLIGHT) != retry {
             return None;
@@ -709,31 +740,36 @@ impl Shard {
         let mut write = UserWrite::of(user_id, self.view(slot));
         // With the lowerings its changes may hold (see `RecentDeletions`).
         write.lowered = self.deletions.of_user(user_id, now_us / 1000);
-        self.in_flight.insert(user_id);
+        let began = self.ticks(Instant::now());
+        self.in_flight.insert(user_id, began);
         Some(write)
     }
 
     /// A write of `user_id` up to `version` succeeded (`Some`) or was given up
     /// (`None`). Clears what it wrote and queues what changed meanwhile.
     pub(crate) fn finish_write(&mut self, user_id: u64, version: Option<u64>, now_us: u64) {
-        self.in_flight.remove(&user_id);
-        if let Some(slot) = self.users.find(user_id) {
-            self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, false);
-        }
-        self.settle(user_id, version, now_us, true);
+        let began = self.in_flight.remove(&user_id);
+        let Some(slot) = self.users.find(user_id) else {
+            self.finish_replayed_write(user_id, version);
+            return;
+        };
+        self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, false);
+        self.settle(user_id, version, now_us, began);
     }
 
     /// A request's own write of `user_id` up to `version` succeeded
     /// (write-through). What changed meanwhile has its own writes under way,
     /// so nothing is queued.
     pub(crate) fn finish_write_through(&mut self, user_id: u64, version: u64, now_us: u64) {
-        self.settle(user_id, Some(version), now_us, false);
+        self.settle(user_id, Some(version), now_us, None);
     }
 
     /// Clears what a write up to `version` wrote (if it succeeded), keeps the
-    /// counters in step, lets an evicted user go once it is clean and, with
-    /// `requeue`, queues what is still unwritten.
-    fn settle(&mut self, user_id: u64, version: Option<u64>, now_us: u64, requeue: bool) {
+    /// counters in step, lets an evicted user go once it is clean and, for
+    /// a write-behind write that `began` (ticks), queues what is still
+    /// unwritten.
+    fn settle(&mut self, user_id: u64, version: Option<u64>, now_us: u64, began: Option<u16>) {
+        let requeue = began.is_some();
         let Some(slot) = self.users.find(user_id) else {
             return;
         };
@@ -750,7 +786,10 @@ impl Shard {
             (len, weight(states), states.unwritten_change())
         });
         let still_unwritten = self.users.get(slot).has_unwritten();
-        let now_s = (still_unwritten && version.is_some()).then(|| self.ticks(Instant::now()));
+        // What is left was changed after the write began (its snapshot):
+        // not earlier, which the journal's trimmer relies on.
+        let now_s = (still_unwritten && version.is_some())
+            .then(|| began.unwrap_or_else(|| self.ticks(Instant::now())));
         let user = self.users.get_mut(slot);
         // An evicted user stays while a write-behind write of it is under
         // way (also one backing off): that write still has to find it.
@@ -758,7 +797,6 @@ impl Shard {
         if !still_unwritten {
             user.flags.set(Flags::UNWRITTEN_SINCE, false);
         } else if let Some(now_s) = now_s {
-            // What is left was changed while the write was under way.
             user.since = now_s;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
         }
@@ -857,6 +895,7 @@ impl Shard {
 
     pub(crate) fn gauges(&mut self) -> ShardGauges {
         self.drop_stale_delayed();
+        let replayed_since = self.replayed_since();
         let now = Instant::now();
         let age = |id: &u64| {
             let user = self.users.get(self.users.find(*id)?);
@@ -869,11 +908,14 @@ impl Shard {
             .map(|delayed| delayed.user_id)
             .iter()
             .chain(self.ready.iter())
-            .chain(self.in_flight.iter())
+            .chain(self.in_flight.keys())
             .chain(self.evicted.iter())
             .filter_map(age)
             .max()
-            .and_then(|age| now.checked_sub(age));
+            .and_then(|age| now.checked_sub(age))
+            .into_iter()
+            .chain(replayed_since)
+            .min();
         ShardGauges {
             users: self.users.cached(),
             watched: self.watchers.len(),

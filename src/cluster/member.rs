@@ -598,6 +598,10 @@ impl Member {
                     installed += self.inner.cache.install(chunk);
                 }
                 Part::Done { users } if users == installed => {
+                    // What it holds unwritten is this node's to keep.
+                    if let Err(e) = self.inner.cache.journaled().await {
+                        break Err(Error::HandoffBroken(e.to_string()));
+                    }
                     let mut handed_in = self.handed_in();
                     if let Err(e) = self.receiving(&handoff) {
                         break Err(e);

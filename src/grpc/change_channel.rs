@@ -28,7 +28,7 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The owner's part: the channel takes (or lets go of) the message, if this
 /// node serves its slot (`NotServed` otherwise), written through in
-/// write-through mode.
+/// write-through mode, journaled otherwise.
 pub async fn handle(
     cache: &Cache,
     request: &ChangeChannelRequest,
@@ -48,6 +48,7 @@ pub async fn handle(
         return Ok(ChangeChannelResponse::default());
     };
     by_channel::write_through(cache.channels(), channel_id).await?;
+    cache.journaled().await?;
     Ok(ChangeChannelResponse {
         counted: true,
         changed,

@@ -26,7 +26,7 @@ const READ_STATES: TableDefinition<RowKey, &[u8]> = TableDefinition::new("read_s
 const USERS: TableDefinition<u64, (u64, u64)> = TableDefinition::new("users");
 /// user_id -> the `clear_below` of its latest wipe, for rows landing after it.
 const WIPES: TableDefinition<u64, u64> = TableDefinition::new("wipes");
-/// channel_id -> the channel's state, see [`encode_channel`].
+/// channel_id -> the channel's state, see [`ChannelState::encode`].
 const CHANNELS: TableDefinition<u64, &[u8]> = TableDefinition::new("channel_states");
 /// user_id -> what the user was lowered for, see [`super::encode_lowered`]
 /// (a table older files gain when opened).
@@ -269,9 +269,9 @@ impl Store for EmbeddedStore {
             for row in txn.open_table(CHANNELS)?.iter()? {
                 let (key, value) = row?;
                 // One damaged row must not keep every channel from loading.
-                match decode_channel(key.value(), value.value()) {
-                    Ok(channel) => channels.push(channel),
-                    Err(failure) => tracing::error!("skipped: {}", describe(failure)),
+                match ChannelState::decode(key.value(), value.value()) {
+                    Some(channel) => channels.push(channel),
+                    None => tracing::error!("skipped: corrupt state of channel {}", key.value()),
                 }
             }
             Ok(channels)
@@ -289,12 +289,12 @@ impl Store for EmbeddedStore {
                 // Writes may land out of order: the newer state wins (over a
                 // damaged row too).
                 let newer = match channels.get(id)? {
-                    Some(old) => !decode_channel(id, old.value())
-                        .is_ok_and(|old| old.version() >= channel.version()),
+                    Some(old) => ChannelState::decode(id, old.value())
+                        .is_none_or(|old| old.version() < channel.version()),
                     None => true,
                 };
                 if newer {
-                    channels.insert(id, encode_channel(&channel).as_slice())?;
+                    channels.insert(id, channel.encode().as_slice())?;
                 }
             }
             Ok(txn.commit()?)
@@ -367,40 +367,6 @@ fn decode((_, kind, channel_id): RowKey, value: &[u8]) -> Result<(ReadState, u64
         muted: flags & MUTED != 0,
     };
     Ok((state, u64_at(VALUE_LEN)))
-}
-
-/// A channel's value: version, counted_from, last_message_id,
-/// dropped_up_to, then the recent ids to the end; little-endian u64s.
-fn encode_channel(channel: &ChannelState) -> Vec<u8> {
-    let head = [
-        channel.version(),
-        channel.counted_from(),
-        channel.last_message_id(),
-        channel.dropped_up_to(),
-    ];
-    (head.into_iter())
-        .chain(channel.recent())
-        .flat_map(u64::to_le_bytes)
-        .collect()
-}
-
-fn decode_channel(channel_id: u64, value: &[u8]) -> Result<ChannelState, Failure> {
-    if !value.len().is_multiple_of(8) || value.len() < 32 {
-        return Err(Failure::Corrupt(format!(
-            "corrupt state of channel {channel_id}"
-        )));
-    }
-    let words: Vec<u64> = (value.chunks_exact(8))
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-        .collect();
-    Ok(ChannelState::from_stored(
-        channel_id,
-        words[1],
-        words[2],
-        words[3],
-        words[4..].to_vec(),
-        words[0],
-    ))
 }
 
 fn describe(failure: Failure) -> String {

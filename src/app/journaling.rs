@@ -1,0 +1,74 @@
+//! The journal's part in the application: opened and replayed before the
+//! node serves, trimmed once a second while it runs, closed last.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::BoxError;
+use crate::cache::Cache;
+use crate::config::Config;
+use crate::journal::disk::Disk;
+use crate::journal::{Journal, Trimmer};
+use crate::metrics;
+
+/// How often the trimmer deletes what the store holds.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Opens the journal `config` asks for on `disk`, lays what it holds over
+/// the cache (see [`Cache::replay`]) and journals every later change.
+pub fn open(
+    config: &Config,
+    cache: &Cache,
+    disk: Arc<dyn Disk>,
+) -> Result<Option<Arc<Journal>>, BoxError> {
+    let Some(journal_config) = config.journal() else {
+        return Ok(None);
+    };
+    let started = std::time::Instant::now();
+    let dir = journal_config.dir.clone();
+    let (journal, replayed) = Journal::open(journal_config, disk)?;
+    let (records, users, channels) = (
+        replayed.records,
+        replayed.users.len(),
+        replayed.channels.len(),
+    );
+    let (torn, skipped) = (replayed.torn_bytes, replayed.skipped_bytes);
+    cache.replay(replayed);
+    tracing::info!(
+        dir = %dir.display(),
+        records,
+        users,
+        channels,
+        torn_bytes = torn,
+        skipped_bytes = skipped,
+        took_ms = started.elapsed().as_millis() as u64,
+        "journal replayed"
+    );
+    let journal = Arc::new(journal);
+    cache.set_journal(journal.clone());
+    Ok(Some(journal))
+}
+
+/// Deletes the journal's segments the store holds, every [`TRIM_EVERY`],
+/// until `stop`.
+pub fn spawn_trimmer(
+    journal: Arc<Journal>,
+    cache: Arc<Cache>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut trimmer = Trimmer::new(journal.clone());
+        let mut tick = tokio::time::interval(TRIM_EVERY);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            trimmer.trim(|| cache.oldest_unwritten());
+            metrics::journal_segments(journal.segments());
+        }
+    })
+}

@@ -1,0 +1,91 @@
+//! Users replayed from the journal (see `docs/journal.md`) and not loaded:
+//! each waits beside the cache as the one write that holds all its
+//! journaled changes. Write-behind writes it as it is (a user evicted with
+//! unwritten changes is written the same way, at once); a request for the
+//! user loads it from the store and lays the write over it first
+//! ([`crate::store::StoredUser::into_user_with`]).
+
+use tokio::time::Instant;
+
+use super::Shard;
+use crate::store::UserWrite;
+
+impl Shard {
+    /// Takes in a replayed user's write, queued for a write now; `since`
+    /// is when the replay ran (its changes are older).
+    pub(crate) fn add_replayed(&mut self, write: UserWrite, since: Instant) {
+        let user_id = write.user_id;
+        self.adjust_unwritten(rows(&write) as isize);
+        if let Some(old) = self.replayed.insert(user_id, write) {
+            self.adjust_unwritten(-(rows(&old) as isize));
+        }
+        self.replayed_since.get_or_insert(since);
+        self.ready.push_back(user_id);
+        self.wake = true;
+    }
+
+    /// A replayed user's write, to lay over the user just loaded; from then
+    /// on the user's own unwritten changes carry it.
+    pub(crate) fn take_replayed(&mut self, user_id: u64) -> Option<UserWrite> {
+        let write = self.replayed.remove(&user_id)?;
+        self.adjust_unwritten(-(rows(&write) as isize));
+        Some(write)
+    }
+
+    /// Whether write-behind should write replayed user `user_id` now.
+    pub(super) fn replayed_due(&self, user_id: u64) -> bool {
+        self.replayed.contains_key(&user_id) && !self.in_flight.contains_key(&user_id)
+    }
+
+    /// [`Shard::begin_write`] of a user held only as a replayed write.
+    pub(super) fn begin_replayed_write(&mut self, user_id: u64, retry: bool) -> Option<UserWrite> {
+        let write = self.replayed.get(&user_id)?;
+        if self.in_flight.contains_key(&user_id) != retry {
+            return None;
+        }
+        let write = write.clone();
+        let now = self.ticks(Instant::now());
+        self.in_flight.insert(user_id, now);
+        Some(write)
+    }
+
+    /// [`Shard::finish_write`] of a user held only as a replayed write: a
+    /// write that succeeded drops it.
+    pub(super) fn finish_replayed_write(&mut self, user_id: u64, version: Option<u64>) {
+        let written =
+            version.is_some_and(|v| self.replayed.get(&user_id).is_some_and(|w| w.version <= v));
+        if written {
+            self.take_replayed(user_id);
+        }
+    }
+
+    /// Queues those of `ids` replayed and not being written for a write now.
+    pub(crate) fn expedite_replayed(&mut self, ids: &[u64]) {
+        for &user_id in ids {
+            if self.replayed_due(user_id) {
+                self.ready.push_back(user_id);
+                self.wake = true;
+            }
+        }
+    }
+
+    /// Replayed users not written yet, for the final drain and releases.
+    pub(crate) fn replayed_users(&self) -> impl Iterator<Item = u64> + '_ {
+        self.replayed.keys().copied()
+    }
+
+    /// When the oldest replayed change may have been made, while any is
+    /// left.
+    pub(super) fn replayed_since(&mut self) -> Option<Instant> {
+        if self.replayed.is_empty() {
+            self.replayed_since = None;
+        }
+        self.replayed_since
+    }
+}
+
+/// What a replayed write counts as unwritten (as a user counts: each row,
+/// and a "delete all").
+fn rows(write: &UserWrite) -> usize {
+    write.read_states.len() + usize::from(write.clear_below.is_some())
+}

@@ -1,0 +1,407 @@
+//! The journal: every change's effect, group-committed to a local log
+//! before the change is answered, so that a crash (kill -9, OOM, power)
+//! loses no acknowledged change the write-behind had not written yet.
+//! The design and what it promises: `docs/journal.md`.
+//!
+//! Changes append after-images under their shard's lock ([`Journal::append`],
+//! [`record`]); one writer thread ([`writer`]) writes and syncs whatever was
+//! appended since its last round; a request then waits until the journal is
+//! durable up to where it was when its change was made
+//! ([`Journal::durable`]). The trimmer ([`Trimmer`]) deletes the sealed
+//! segments whose every change the store holds. At start, [`replay`] reads
+//! what a crash left.
+
+pub mod disk;
+pub mod record;
+pub mod replay;
+mod writer;
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use disk::Disk;
+pub use replay::Replayed;
+
+/// When a change is answered relative to its sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum JournalMode {
+    /// After the sync that holds it: a crash loses nothing answered.
+    Sync,
+    /// At once; the writer syncs this often: a crash loses at most this.
+    Interval(Duration),
+    /// No journal: a crash loses up to a write delay.
+    Off,
+}
+
+impl FromStr for JournalMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sync" => Ok(JournalMode::Sync),
+            "off" => Ok(JournalMode::Off),
+            _ => match s.strip_prefix("interval:") {
+                Some(every) => match humantime::parse_duration(every) {
+                    Ok(every) if !every.is_zero() => Ok(JournalMode::Interval(every)),
+                    _ => Err(format!(
+                        "journal interval {every:?} is not a duration above 0 (e.g. 10ms)"
+                    )),
+                },
+                None => Err(format!(
+                    "journal mode {s:?} is not sync, interval:<duration> (e.g. interval:10ms) or off"
+                )),
+            },
+        }
+    }
+}
+
+impl TryFrom<String> for JournalMode {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<JournalMode> for String {
+    fn from(mode: JournalMode) -> String {
+        match mode {
+            JournalMode::Sync => "sync".into(),
+            JournalMode::Interval(every) => {
+                format!("interval:{}", humantime::format_duration(every))
+            }
+            JournalMode::Off => "off".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    pub dir: PathBuf,
+    pub mode: JournalMode,
+    /// A segment is sealed at this size...
+    pub segment_bytes: u64,
+    /// ...or this age, so that the trimmer can delete it.
+    pub seal_after: Duration,
+    /// Start even if a segment is corrupt, losing what cannot be read.
+    pub skip_corrupt: bool,
+}
+
+impl JournalConfig {
+    pub fn new(dir: PathBuf, mode: JournalMode) -> JournalConfig {
+        JournalConfig {
+            dir,
+            mode,
+            segment_bytes: 64 << 20,
+            seal_after: Duration::from_secs(5),
+            skip_corrupt: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("journal {}: {message}", .path.display())]
+    Io { path: PathBuf, message: String },
+    #[error(
+        "journal file {} is corrupt at offset {offset} ({why}); start with --journal-skip-corrupt to skip what cannot be read (its changes are lost)",
+        .file.display()
+    )]
+    Corrupt {
+        file: PathBuf,
+        offset: u64,
+        why: String,
+    },
+    /// The change could not be made durable: a write or sync failed, or
+    /// the journal is failing.
+    #[error("the journal on this node's disk is failing ({0})")]
+    Failing(String),
+}
+
+impl JournalError {
+    pub fn io(path: &Path, error: &std::io::Error) -> JournalError {
+        JournalError::Io {
+            path: path.to_owned(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// How far the journal is durable, and its latest failure.
+#[derive(Clone, Debug, Default)]
+struct Durable {
+    /// Everything appended up to here is synced.
+    synced: u64,
+    /// The latest failed batch: what was appended in (from, to].
+    failed: Option<(u64, u64, String)>,
+}
+
+#[derive(Debug)]
+pub struct Journal {
+    mode: JournalMode,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What the appenders, the writer and the trimmer share.
+#[derive(Debug)]
+struct Shared {
+    config: JournalConfig,
+    disk: Arc<dyn Disk>,
+    appending: Mutex<Appending>,
+    /// Wakes the writer when something is appended (sync mode).
+    appended_more: Condvar,
+    /// How much was ever appended: the log sequence number of the end.
+    appended: AtomicU64,
+    durable: watch::Sender<Durable>,
+    healthy: AtomicBool,
+    /// Sealed segments, oldest first, with the end of what they hold.
+    sealed: Mutex<VecDeque<Sealed>>,
+}
+
+#[derive(Debug, Default)]
+struct Appending {
+    buffer: Vec<u8>,
+    records: u64,
+    stop: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Sealed {
+    path: PathBuf,
+    /// Every record in it was appended at or before this sequence number.
+    end: u64,
+}
+
+impl Journal {
+    /// Reads what `config.dir` holds ([`replay::read_dir`]), then starts the
+    /// writer on a new segment after them. The segments read stay until the
+    /// trimmer finds their changes written.
+    pub fn open(
+        config: JournalConfig,
+        disk: Arc<dyn Disk>,
+    ) -> Result<(Journal, Replayed), JournalError> {
+        let replayed = replay::read_dir(&config.dir, config.skip_corrupt)?;
+        // Start at 1: the segments replayed hold what was appended up to 0.
+        let start = 1;
+        let shared = Arc::new(Shared {
+            sealed: Mutex::new(
+                (replayed.segments.iter())
+                    .map(|path| Sealed {
+                        path: path.clone(),
+                        end: 0,
+                    })
+                    .collect(),
+            ),
+            config,
+            disk,
+            appending: Mutex::default(),
+            appended_more: Condvar::new(),
+            appended: AtomicU64::new(start),
+            durable: watch::Sender::new(Durable {
+                synced: start,
+                failed: None,
+            }),
+            healthy: AtomicBool::new(true),
+        });
+        let writer = {
+            let (shared, dir) = (shared.clone(), shared.config.dir.clone());
+            let first = replayed.next_segment;
+            std::thread::Builder::new()
+                .name("journal-writer".into())
+                .spawn(move || writer::run(&shared, first))
+                .map_err(|e| JournalError::io(&dir, &e))?
+        };
+        crate::metrics::journal_healthy(true);
+        Ok((
+            Journal {
+                mode: shared.config.mode,
+                shared,
+                writer: Mutex::new(Some(writer)),
+            },
+            replayed,
+        ))
+    }
+
+    /// Appends one record, written by `encode` at the end of the buffer
+    /// (see [`record`]). Called under the lock that applies the change, so
+    /// that a user's records are in the order of its versions.
+    pub fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) {
+        let mut appending = self.shared.lock_appending();
+        let before = appending.buffer.len();
+        encode(&mut appending.buffer);
+        appending.records += 1;
+        let added = (appending.buffer.len() - before) as u64;
+        self.shared.appended.fetch_add(added, Ordering::Release);
+        drop(appending);
+        if self.mode == JournalMode::Sync {
+            self.shared.appended_more.notify_one();
+        }
+    }
+
+    /// Where the journal ends now: everything appended before this call is
+    /// at or below it.
+    pub fn appended(&self) -> u64 {
+        self.shared.appended.load(Ordering::Acquire)
+    }
+
+    /// Waits until everything appended up to `upto` is synced (sync mode;
+    /// the other modes answer at once). An error: the batch that held it
+    /// failed (the change stays applied, unjournaled).
+    pub async fn durable(&self, upto: u64) -> Result<(), JournalError> {
+        if self.mode != JournalMode::Sync {
+            return Ok(());
+        }
+        let covered = |d: &Durable| {
+            d.synced >= upto
+                || d.failed
+                    .as_ref()
+                    .is_some_and(|(from, to, _)| *from < upto && upto <= *to)
+        };
+        if self.shared.durable.borrow().synced >= upto {
+            return Ok(());
+        }
+        let mut durable = self.shared.durable.subscribe();
+        let state = durable
+            .wait_for(covered)
+            .await
+            .map_err(|_| JournalError::Failing("the journal's writer stopped".into()))?;
+        match &state.failed {
+            _ if state.synced >= upto => Ok(()),
+            Some((_, _, reason)) => Err(JournalError::Failing(reason.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the last write and sync succeeded: while not, changes are
+    /// refused before they are applied.
+    pub fn healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Acquire)
+    }
+
+    /// Deletes the sealed segments that hold nothing appended after
+    /// `through`. Returns how many.
+    fn remove_through(&self, through: u64) -> usize {
+        let removable: Vec<Sealed> = {
+            let sealed = self.shared.lock_sealed();
+            sealed
+                .iter()
+                .take_while(|s| s.end <= through)
+                .cloned()
+                .collect()
+        };
+        let mut removed = 0;
+        for segment in removable {
+            match self.shared.disk.remove(&segment.path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(file = %segment.path.display(), error = %e, "journal: a written segment could not be deleted; tried again later");
+                    break;
+                }
+            }
+            self.shared.lock_sealed().pop_front();
+            removed += 1;
+        }
+        removed
+    }
+
+    /// Stops the writer once it has written what was appended. With
+    /// `written` (the store holds every change), deletes every segment:
+    /// the next start has nothing to replay.
+    pub fn close(&self, written: bool) {
+        self.shared.lock_appending().stop = true;
+        self.shared.appended_more.notify_one();
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(writer) = writer {
+            let _ = writer.join();
+        }
+        if written {
+            self.remove_through(u64::MAX);
+        }
+    }
+
+    /// Sealed segments (for the metrics and tests).
+    pub fn segments(&self) -> usize {
+        self.shared.lock_sealed().len()
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        // Stops the thread; deletes nothing.
+        self.shared.lock_appending().stop = true;
+        self.shared.appended_more.notify_one();
+    }
+}
+
+impl Shared {
+    fn lock_appending(&self) -> MutexGuard<'_, Appending> {
+        self.appending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_sealed(&self) -> MutexGuard<'_, VecDeque<Sealed>> {
+        self.sealed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Deletes what the store holds, once a `period`: the sealed segments
+/// appended before the oldest unwritten change.
+///
+/// Times are the cache's clock (tokio's, paused in tests), so the trimmer
+/// keeps samples of (when, how much was appended): a segment that ends at
+/// or before a sample taken before the oldest unwritten change holds only
+/// changes made before it, all written.
+#[derive(Debug)]
+pub struct Trimmer {
+    journal: Arc<Journal>,
+    samples: VecDeque<(Instant, u64)>,
+}
+
+impl Trimmer {
+    pub fn new(journal: Arc<Journal>) -> Trimmer {
+        Trimmer {
+            journal,
+            samples: VecDeque::new(),
+        }
+    }
+
+    /// One round: `oldest_unwritten` is when the oldest change the store
+    /// does not hold was made (`None`: there is none). Returns the
+    /// segments deleted.
+    pub fn trim(&mut self, oldest_unwritten: impl FnOnce() -> Option<Instant>) -> usize {
+        // The end first, then the time: whatever is at or below it was
+        // changed before `now`.
+        let appended = self.journal.appended();
+        self.samples.push_back((Instant::now(), appended));
+        let oldest = oldest_unwritten();
+        let written = |at: &Instant| oldest.is_none_or(|oldest| *at < oldest);
+        let Some(through) = (self.samples.iter().rev())
+            .find(|(at, _)| written(at))
+            .map(|s| s.1)
+        else {
+            return 0;
+        };
+        // Samples below the one used are not needed again.
+        while self.samples.len() > 1 && self.samples[1].1 <= through && written(&self.samples[1].0)
+        {
+            self.samples.pop_front();
+        }
+        // Bounded while nothing is written (a store outage): one a round.
+        while self.samples.len() > 100_000 {
+            self.samples.pop_front();
+        }
+        self.journal.remove_through(through)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,300 @@
+//! The journal's records: after-images, framed and checksummed.
+//!
+//! A frame is `[len u32][crc32 u32][body]`, little-endian, the checksum over
+//! the body. A body starts with its type:
+//! - [`USER`]: user id, version, delta floor, "delete all" version (0: none),
+//!   row count, then each row: kind, channel id, last acked id, last message
+//!   id, version, mention count, unread count, flags, parent id (0 but for a
+//!   thread's): the rows a change gave a new version;
+//! - [`LOWERED`]: user id, then [`crate::store::encode_lowered`]'s bytes;
+//! - [`CHANNEL`]: channel id, then [`ChannelState::encode`]'s bytes.
+//!
+//! Encoding writes straight into the journal's buffer (it runs under a shard
+//! lock, on every change); decoding builds [`Record`]s for replay.
+
+use crate::channel_state::ChannelState;
+use crate::read_state::{Kind, ReadState, UserView, first_thread};
+use crate::recent_deletions::Remembered;
+use crate::store::{decode_lowered, encode_lowered};
+
+pub const USER: u8 = 1;
+pub const LOWERED: u8 = 2;
+pub const CHANNEL: u8 = 3;
+
+/// Frame header: length and checksum.
+pub const HEADER: usize = 8;
+/// No record is larger (a channel's image is about 8 KiB; a user's change
+/// touches a few rows, a "delete all" none): a length beyond it is damage.
+pub const MAX_BODY: usize = 16 << 20;
+
+/// A row: kind, four ids and versions, two counts, flags, parent.
+const ROW: usize = 1 + 8 * 4 + 2 + 2 + 1 + 8;
+const DELETED: u8 = 1;
+const MUTED: u8 = 2;
+
+/// A record read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    User(UserRecord),
+    Lowered {
+        user_id: u64,
+        lowered: Vec<Remembered>,
+    },
+    Channel(ChannelState),
+}
+
+/// A user's change: what [`append_user`] wrote.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserRecord {
+    pub user_id: u64,
+    pub version: u64,
+    pub delta_floor: u64,
+    /// A "delete all" at this version (0: none).
+    pub clear_below: u64,
+    /// Each row with its parent id (0 but for a thread's).
+    pub rows: Vec<(ReadState, u64)>,
+}
+
+/// Appends the frame of a user record to `out`: the rows of `user` with a
+/// version above `since` (the user's version before the change; 0 for all
+/// its unwritten ones past `written`, see [`append_unwritten`]).
+pub fn append_user(out: &mut Vec<u8>, user_id: u64, since: u64, user: UserView<'_>) {
+    let start = begin(out, USER);
+    put(out, user_id);
+    put(out, user.version());
+    put(out, user.delta_floor());
+    put(
+        out,
+        user.pending_clear().filter(|&c| c > since).unwrap_or(0),
+    );
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let entries = user.entries();
+    let threads = first_thread(entries);
+    let mut count = 0u32;
+    for (index, state) in entries.iter().enumerate() {
+        if state.version <= since {
+            continue;
+        }
+        let parent = index
+            .checked_sub(threads)
+            .and_then(|i| user.parents().get(i).copied())
+            .unwrap_or(0);
+        put_row(out, state, parent);
+        count += 1;
+    }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
+    finish(out, start);
+}
+
+/// Appends the frame of what `user_id` is remembered lowered for.
+pub fn append_lowered(out: &mut Vec<u8>, user_id: u64, lowered: &[Remembered]) {
+    let start = begin(out, LOWERED);
+    put(out, user_id);
+    out.extend_from_slice(&encode_lowered(lowered));
+    finish(out, start);
+}
+
+/// Appends the frame of a channel's whole state.
+pub fn append_channel(out: &mut Vec<u8>, channel: &ChannelState) {
+    let start = begin(out, CHANNEL);
+    put(out, channel.channel_id());
+    out.extend_from_slice(&channel.encode());
+    finish(out, start);
+}
+
+/// Reads the frame at the start of `bytes`: the record and the frame's
+/// length, or `None` if no whole, intact, known record starts there.
+pub fn read(bytes: &[u8]) -> Option<(Record, usize)> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    if len == 0 || len > MAX_BODY {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    let body = bytes.get(HEADER..HEADER + len)?;
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    Some((decode(body)?, HEADER + len))
+}
+
+fn decode(body: &[u8]) -> Option<Record> {
+    let mut at = Reader { bytes: body, at: 1 };
+    match body[0] {
+        USER => {
+            let user_id = at.u64()?;
+            let version = at.u64()?;
+            let delta_floor = at.u64()?;
+            let clear_below = at.u64()?;
+            let count = at.u32()? as usize;
+            if at.rest() != count * ROW {
+                return None;
+            }
+            let rows = (0..count).map(|_| at.row()).collect::<Option<Vec<_>>>()?;
+            Some(Record::User(UserRecord {
+                user_id,
+                version,
+                delta_floor,
+                clear_below,
+                rows,
+            }))
+        }
+        LOWERED => {
+            let user_id = at.u64()?;
+            let lowered = decode_lowered(&body[at.at..]);
+            Some(Record::Lowered { user_id, lowered })
+        }
+        CHANNEL => {
+            let channel_id = at.u64()?;
+            Some(Record::Channel(ChannelState::decode(
+                channel_id,
+                &body[at.at..],
+            )?))
+        }
+        _ => None,
+    }
+}
+
+fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER]);
+    out.push(kind);
+    start
+}
+
+/// Fills in the frame header of the body written since `start`.
+fn finish(out: &mut [u8], start: usize) {
+    let body = &out[start + HEADER..];
+    let (len, crc) = (body.len() as u32, crc32fast::hash(body));
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+fn put(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(&value.to_le_bytes());
+}
+
+fn put_row(out: &mut Vec<u8>, state: &ReadState, parent: u64) {
+    out.push(state.kind as u8);
+    put(out, state.channel_id);
+    put(out, state.last_acked_id);
+    put(out, state.last_message_id);
+    put(out, state.version);
+    out.extend_from_slice(&state.mention_count.to_le_bytes());
+    out.extend_from_slice(&state.unread_count.to_le_bytes());
+    out.push(if state.deleted { DELETED } else { 0 } | if state.muted { MUTED } else { 0 });
+    put(out, parent);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let taken = self.bytes.get(self.at..self.at + N)?.try_into().ok()?;
+        self.at += N;
+        Some(taken)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        self.take().map(u64::from_le_bytes)
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take().map(u32::from_le_bytes)
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take().map(u16::from_le_bytes)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take::<1>().map(|[b]| b)
+    }
+
+    fn rest(&self) -> usize {
+        self.bytes.len() - self.at
+    }
+
+    fn row(&mut self) -> Option<(ReadState, u64)> {
+        let kind = Kind::from_u8(self.u8()?)?;
+        let channel_id = self.u64()?;
+        let last_acked_id = self.u64()?;
+        let last_message_id = self.u64()?;
+        let version = self.u64()?;
+        let mention_count = self.u16()?;
+        let unread_count = self.u16()?;
+        let flags = self.u8()?;
+        let parent = self.u64()?;
+        let state = ReadState {
+            channel_id,
+            last_acked_id,
+            last_message_id,
+            version,
+            mention_count,
+            unread_count,
+            kind,
+            deleted: flags & DELETED != 0,
+            muted: flags & MUTED != 0,
+        };
+        Some((state, parent))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::read_state::Key;
+
+    fn state(channel_id: u64, version: u64) -> ReadState {
+        ReadState {
+            last_acked_id: 7,
+            last_message_id: 9,
+            version,
+            mention_count: 2,
+            unread_count: 3,
+            muted: true,
+            ..ReadState::new(Key {
+                kind: Kind::Channel,
+                channel_id,
+            })
+        }
+    }
+
+    #[test]
+    fn a_user_record_holds_the_rows_changed_after_its_since_version() {
+        let user = crate::read_state::UserReadStates::from_stored(
+            20,
+            0,
+            vec![(state(1, 10), 0), (state(2, 20), 0), (state(3, 15), 0)],
+        );
+        let mut out = Vec::new();
+        append_user(&mut out, 42, 12, user.view());
+        let (record, len) = read(&out).expect("reads back");
+        assert_eq!(len, out.len());
+        let Record::User(record) = record else {
+            panic!("a user record: {record:?}")
+        };
+        assert_eq!(
+            (record.user_id, record.version, record.clear_below),
+            (42, 20, 0)
+        );
+        let channels: Vec<u64> = record.rows.iter().map(|(s, _)| s.channel_id).collect();
+        assert_eq!(channels, [2, 3]);
+        assert_eq!(record.rows[0].0, state(2, 20));
+    }
+
+    #[test]
+    fn a_damaged_or_cut_frame_does_not_read() {
+        let mut out = Vec::new();
+        append_lowered(&mut out, 5, &[]);
+        assert!(read(&out).is_some());
+        assert!(read(&out[..out.len() - 1]).is_none(), "cut");
+        let last = out.len() - 1;
+        out[last] ^= 1;
+        assert!(read(&out).is_none(), "bit flipped");
+        assert!(read(&[0; 16]).is_none(), "zeros");
+    }
+}

@@ -1,0 +1,138 @@
+//! Replay: collapsing, torn tails, corruption.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::journal::disk::Fs;
+use crate::journal::{Journal, JournalConfig, JournalError, JournalMode};
+use crate::read_state::{Key, UserReadStates};
+
+fn config(dir: &Path) -> JournalConfig {
+    JournalConfig::new(dir.to_owned(), JournalMode::Sync)
+}
+
+/// Journals user 1's acks of channel 5 at these message ids (each a new
+/// version), and of users 2.. one each, then stops.
+fn journal_acks(dir: &Path, acks: &[u64], others: u64) {
+    let (journal, _) = Journal::open(config(dir), Arc::new(Fs)).unwrap();
+    let mut user = UserReadStates::default();
+    for (now, &message_id) in acks.iter().enumerate() {
+        let before = user.version();
+        user.ack(Key::channel(5), message_id, 1_000 + now as u64);
+        journal.append(|out| record::append_user(out, 1, before, user.view()));
+    }
+    for user_id in 2..2 + others {
+        let mut other = UserReadStates::default();
+        other.ack(Key::channel(5), user_id, 1);
+        journal.append(|out| record::append_user(out, user_id, 0, other.view()));
+    }
+    journal.close(false);
+}
+
+fn only_segment(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files[0].clone()
+}
+
+fn acked(replayed: &Replayed, user_id: u64) -> Option<u64> {
+    let write = replayed.users.get(&user_id)?;
+    write
+        .read_states
+        .iter()
+        .find(|s| s.channel_id == 5)
+        .map(|s| s.last_acked_id)
+}
+
+#[test]
+fn the_newest_version_of_each_row_wins_whatever_the_order() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10, 20, 30], 0);
+    let segment = only_segment(dir.path());
+    // The same records in reverse order: a replay that took the last one
+    // read would end at 10.
+    let bytes = std::fs::read(&segment).unwrap();
+    let mut records = Vec::new();
+    let mut at = MAGIC.len();
+    while let Some((_, len)) = record::read(&bytes[at..]) {
+        records.push(&bytes[at..at + len]);
+        at += len;
+    }
+    assert_eq!(records.len(), 3);
+    let mut reversed = MAGIC.to_vec();
+    for record in records.iter().rev() {
+        reversed.extend_from_slice(record);
+    }
+    std::fs::write(&segment, reversed).unwrap();
+    let replayed = read_dir(dir.path(), false).unwrap();
+    assert_eq!(replayed.records, 3);
+    assert_eq!(acked(&replayed, 1), Some(30));
+}
+
+#[test]
+fn a_torn_tail_is_dropped_and_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10, 20], 0);
+    let segment = only_segment(dir.path());
+    let whole = std::fs::metadata(&segment).unwrap().len();
+    // The last record half written.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&segment)
+        .unwrap();
+    file.set_len(whole - 20).unwrap();
+    let replayed = read_dir(dir.path(), false).unwrap();
+    assert_eq!((replayed.records, acked(&replayed, 1)), (1, Some(10)));
+    assert!(replayed.torn_bytes > 0);
+    let cut = std::fs::metadata(&segment).unwrap().len();
+    assert!(cut < whole - 20, "the torn record is cut off the file");
+    // Read again: whole now.
+    let again = read_dir(dir.path(), false).unwrap();
+    assert_eq!((again.records, again.torn_bytes), (1, 0));
+}
+
+#[test]
+fn a_corrupt_record_with_good_ones_after_it_stops_the_start_naming_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10], 5);
+    let segment = only_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let offset = MAGIC.len();
+    bytes[offset + record::HEADER + 3] ^= 0xff;
+    std::fs::write(&segment, &bytes).unwrap();
+
+    let error = read_dir(dir.path(), false).unwrap_err();
+    let JournalError::Corrupt {
+        file, offset: at, ..
+    } = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!((file, *at), (&segment, offset as u64));
+    assert!(
+        error.to_string().contains("--journal-skip-corrupt"),
+        "{error}"
+    );
+
+    let replayed = read_dir(dir.path(), true).unwrap();
+    assert_eq!(acked(&replayed, 1), None, "lost with the skipped bytes");
+    assert_eq!(replayed.users.len(), 5, "the records after it are kept");
+    assert!(replayed.skipped_bytes > 0);
+}
+
+#[test]
+fn a_file_of_another_format_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("00000000000000000001.journal"),
+        b"not a journal at all",
+    )
+    .unwrap();
+    assert!(matches!(
+        read_dir(dir.path(), false),
+        Err(JournalError::Corrupt { offset: 0, .. })
+    ));
+}

@@ -1,0 +1,296 @@
+//! The journal on its own and under a cache: group commit, failing disks,
+//! and truncation against what the store holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::disk::faulty::FaultyDisk;
+use super::disk::{Disk, Fs};
+use super::*;
+use crate::cache::{Cache, CacheConfig};
+use crate::read_state::Key;
+use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use crate::store::{Store, UserWrite};
+use crate::write_behind::{WriteBehind, WriteBehindConfig};
+
+fn config(dir: &Path) -> JournalConfig {
+    JournalConfig::new(dir.to_owned(), JournalMode::Sync)
+}
+
+fn open(config: JournalConfig, disk: Arc<dyn Disk>) -> (Arc<Journal>, Replayed) {
+    let (journal, replayed) = Journal::open(config, disk).expect("opens");
+    (Arc::new(journal), replayed)
+}
+
+/// Appends a lowering record: the smallest record to journal.
+fn append_one(journal: &Journal, user_id: u64) {
+    journal.append(|out| record::append_lowered(out, user_id, &[]));
+}
+
+#[tokio::test]
+async fn a_change_is_durable_only_once_its_sync_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    faults.hold();
+    let (journal, _) = open(config(dir.path()), disk);
+    append_one(&journal, 1);
+    let upto = journal.appended();
+    let waiting = tokio::spawn({
+        let journal = journal.clone();
+        async move { journal.durable(upto).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "answered while its sync had not returned"
+    );
+    faults.release();
+    waiting.await.unwrap().expect("durable once synced");
+    assert!(faults.syncs.load(Ordering::SeqCst) >= 1);
+    journal.close(false);
+}
+
+#[tokio::test]
+async fn one_sync_covers_every_change_appended_while_the_last_ran() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let (journal, _) = open(config(dir.path()), disk);
+    faults.hold();
+    append_one(&journal, 1);
+    // The writer takes the first and waits in its sync; these pile up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waits: Vec<_> = (2..=200)
+        .map(|user_id| {
+            append_one(&journal, user_id);
+            let (journal, upto) = (journal.clone(), journal.appended());
+            tokio::spawn(async move { journal.durable(upto).await })
+        })
+        .collect();
+    faults.release();
+    for wait in waits {
+        wait.await.unwrap().expect("durable");
+    }
+    let syncs = faults.syncs.load(Ordering::SeqCst);
+    assert!(syncs <= 3, "{syncs} syncs for 200 changes in two rounds");
+    journal.close(false);
+}
+
+/// A full disk and a failing sync alike: the waiting changes fail, the
+/// journal refuses until the disk takes it again, and then what failed is
+/// written again whole, with nothing journaled before it lost.
+async fn a_failing_disk(fail: impl Fn(&super::disk::faulty::Faults, bool)) {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let (journal, _) = open(config(dir.path()), disk);
+    append_one(&journal, 1);
+    journal
+        .durable(journal.appended())
+        .await
+        .expect("a good disk");
+
+    fail(&faults, true);
+    append_one(&journal, 2);
+    let failed = journal.durable(journal.appended()).await;
+    assert!(
+        matches!(failed, Err(JournalError::Failing(_))),
+        "{failed:?}"
+    );
+    assert!(!journal.healthy(), "refuses changes while the disk fails");
+
+    fail(&faults, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !journal.healthy() {
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    append_one(&journal, 3);
+    journal
+        .durable(journal.appended())
+        .await
+        .expect("recovered");
+    journal.close(false);
+
+    let (_, replayed) = Journal::open(config(dir.path()), Arc::new(Fs)).expect("reads back");
+    let mut users: Vec<u64> = replayed.users.keys().copied().collect();
+    users.sort_unstable();
+    assert_eq!(users, [1, 2, 3], "the failed batch was written again");
+}
+
+#[tokio::test]
+async fn a_full_disk_fails_the_waiting_changes_and_loses_nothing_journaled() {
+    a_failing_disk(|faults, on| faults.full.store(on, Ordering::SeqCst)).await;
+}
+
+#[tokio::test]
+async fn a_failing_sync_fails_the_waiting_changes_and_loses_nothing_journaled() {
+    a_failing_disk(|faults, on| faults.failing_syncs.store(on, Ordering::SeqCst)).await;
+}
+
+#[tokio::test]
+async fn interval_mode_answers_at_once_and_syncs_within_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    faults.hold();
+    let mode = JournalMode::Interval(Duration::from_millis(10));
+    let (journal, _) = open(JournalConfig::new(dir.path().to_owned(), mode), disk);
+    append_one(&journal, 1);
+    let answered = tokio::time::timeout(
+        Duration::from_millis(100),
+        journal.durable(journal.appended()),
+    )
+    .await;
+    assert!(matches!(answered, Ok(Ok(()))), "answered at once");
+    faults.release();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(faults.syncs.load(Ordering::SeqCst) >= 1);
+    journal.close(false);
+}
+
+#[test]
+fn modes_read_as_written() {
+    for (text, mode) in [
+        ("sync", JournalMode::Sync),
+        ("off", JournalMode::Off),
+        (
+            "interval:10ms",
+            JournalMode::Interval(Duration::from_millis(10)),
+        ),
+    ] {
+        assert_eq!(text.parse::<JournalMode>(), Ok(mode));
+        assert_eq!(String::from(mode), text);
+    }
+    for bad in ["always", "interval:", "interval:0s", "interval:soon"] {
+        assert!(bad.parse::<JournalMode>().is_err(), "{bad}");
+    }
+}
+
+async fn ack(cache: &Arc<Cache>, user_id: u64, channel_id: u64, message_id: u64) {
+    cache
+        .update(user_id, |user, now| {
+            user.ack(Key::channel(channel_id), message_id, now)
+        })
+        .await
+        .expect("acked");
+}
+
+async fn last_acked(cache: &Arc<Cache>, user_id: u64, channel_id: u64) -> Option<u64> {
+    (cache
+        .read(user_id, |user| {
+            user.get(Key::channel(channel_id)).map(|s| s.last_acked_id)
+        })
+        .await)
+        .unwrap()
+}
+
+fn cache_config() -> CacheConfig {
+    CacheConfig {
+        shards: 2,
+        write_delay: Duration::from_millis(100),
+        ..CacheConfig::default()
+    }
+}
+
+/// A cache journaling into `dir`, over `store`, with what the journal held
+/// replayed.
+fn journaled_cache(dir: &Path, store: Arc<dyn Store>) -> (Arc<Cache>, Arc<Journal>) {
+    let config = JournalConfig {
+        seal_after: Duration::from_millis(50),
+        ..config(dir)
+    };
+    let (journal, replayed) = open(config, Arc::new(Fs));
+    let cache = Cache::new(cache_config(), store);
+    cache.replay(replayed);
+    cache.set_journal(journal.clone());
+    (cache, journal)
+}
+
+fn segment_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).unwrap().count()
+}
+
+#[tokio::test]
+async fn segments_stay_while_their_changes_are_unwritten_and_go_once_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
+    let (cache, journal) = journaled_cache(dir.path(), store.clone());
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    ack(&cache, 1, 10, 100).await;
+    let mut trimmer = Trimmer::new(journal.clone());
+    // Sealed, and write-behind failing past the write delay.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    ack(&cache, 2, 10, 100).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(journal.segments() >= 1, "sealed");
+    assert_eq!(
+        trimmer.trim(|| cache.oldest_unwritten()),
+        0,
+        "deleted unwritten changes"
+    );
+    assert!(segment_files(dir.path()) >= 2);
+
+    store.clear();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while cache.unwritten() > 0 {
+        assert!(std::time::Instant::now() < deadline, "never written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The open segment seals once idle, then goes too.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let removed = trimmer.trim(|| cache.oldest_unwritten());
+    assert!(removed >= 2, "removed {removed}");
+    assert_eq!(segment_files(dir.path()), 0);
+    write_behind.shutdown(Duration::from_secs(5)).await;
+    journal.close(true);
+}
+
+#[tokio::test]
+async fn a_crash_loses_no_journaled_change_and_the_replay_is_written_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    // The store holds an older ack of user 1 and a newer one of channel 11.
+    let mut stored = crate::read_state::UserReadStates::default();
+    stored.ack(Key::channel(10), 50, 1);
+    store.write(&UserWrite::of(1, &stored)).await.unwrap();
+    {
+        let (cache, journal) = journaled_cache(dir.path(), store.clone());
+        ack(&cache, 1, 10, 100).await;
+        ack(&cache, 1, 11, 7).await;
+        ack(&cache, 2, 10, 300).await;
+        // A crash: nothing written, the writer just stops.
+        drop(cache);
+        drop(journal);
+    }
+    let (cache, journal) = journaled_cache(dir.path(), store.clone());
+    assert_eq!(cache.unwritten(), 3, "replayed, unwritten");
+    // Read before it is written: laid over what the store holds.
+    assert_eq!(last_acked(&cache, 1, 10).await, Some(100));
+    assert_eq!(last_acked(&cache, 1, 11).await, Some(7));
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    let report = write_behind.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(report.unwritten, 0);
+    journal.close(true);
+    let user = store
+        .load(2)
+        .await
+        .unwrap()
+        .into_user(crate::clock::now_micros());
+    assert_eq!(
+        user.get(Key::channel(10)).map(|s| s.last_acked_id),
+        Some(300)
+    );
+    let user = store
+        .load(1)
+        .await
+        .unwrap()
+        .into_user(crate::clock::now_micros());
+    assert_eq!(
+        user.get(Key::channel(10)).map(|s| s.last_acked_id),
+        Some(100)
+    );
+    assert_eq!(segment_files(dir.path()), 0, "emptied once all is written");
+}

@@ -1,0 +1,161 @@
+//! The journal's one writer: a thread that takes everything appended since
+//! its last round, writes it to the current segment and syncs once (group
+//! commit), then tells the waiting requests. A failed write or sync fails
+//! the requests waiting on that batch, marks the journal unhealthy (changes
+//! are refused) and is tried again on a new segment, batch included, until
+//! the disk takes it.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::disk::SegmentFile;
+use super::replay::{EXTENSION, MAGIC};
+use super::{JournalMode, Sealed, Shared};
+
+/// How often an idle writer looks whether its segment is old enough to seal.
+const IDLE: Duration = Duration::from_millis(500);
+/// How long a failing disk rests between tries.
+const RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+struct Segment {
+    file: Box<dyn SegmentFile>,
+    path: PathBuf,
+    opened: Instant,
+    bytes: u64,
+    /// The end of what was appended when its last batch was taken.
+    end: u64,
+}
+
+pub(super) fn run(shared: &Shared, first_number: u64) {
+    let mut number = first_number;
+    let mut current: Option<Segment> = None;
+    // A batch that failed, written again before anything newer.
+    let mut retained: Vec<u8> = Vec::new();
+    loop {
+        let started = Instant::now();
+        let (batch, records, end, stop) = next_batch(shared, !retained.is_empty());
+        let bytes = if retained.is_empty() {
+            batch
+        } else {
+            let mut bytes = std::mem::take(&mut retained);
+            bytes.extend_from_slice(&batch);
+            bytes
+        };
+        if bytes.is_empty() {
+            if current
+                .as_ref()
+                .is_some_and(|s| s.opened.elapsed() >= shared.config.seal_after)
+                || stop
+            {
+                seal(shared, &mut current);
+            }
+            if stop {
+                return;
+            }
+            continue;
+        }
+        match write(shared, &mut current, &mut number, &bytes, end) {
+            Ok(()) => {
+                shared.healthy.store(true, Ordering::Release);
+                shared.durable.send_modify(|d| d.synced = d.synced.max(end));
+                crate::metrics::journal_synced(bytes.len(), records, started.elapsed());
+            }
+            Err(error) => {
+                tracing::error!(%error, "journal: a write or sync failed; changes are refused until the disk takes the journal again");
+                shared.healthy.store(false, Ordering::Release);
+                crate::metrics::journal_failed();
+                shared.durable.send_modify(|d| {
+                    d.failed = Some((d.synced, end, error.to_string()));
+                });
+                // What the failed file holds past its last sync is in
+                // doubt: it is sealed as it is, and the batch goes to the
+                // next one whole.
+                if let Some(segment) = &mut current {
+                    segment.end = end;
+                }
+                seal(shared, &mut current);
+                retained = bytes;
+                if stop {
+                    return;
+                }
+                std::thread::sleep(RETRY);
+            }
+        }
+        if let JournalMode::Interval(every) = shared.config.mode {
+            std::thread::sleep(every.saturating_sub(started.elapsed()));
+        }
+    }
+}
+
+/// Waits for something to write (or the idle period), then takes all of
+/// it: the bytes, the records, where the journal ends with them, and
+/// whether the journal is closing.
+fn next_batch(shared: &Shared, retrying: bool) -> (Vec<u8>, u64, u64, bool) {
+    let mut appending = shared.lock_appending();
+    if appending.buffer.is_empty() && !appending.stop && !retrying {
+        appending = match shared.config.mode {
+            JournalMode::Sync => {
+                shared
+                    .appended_more
+                    .wait_timeout(appending, IDLE)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+            // The interval's sleep is the wait.
+            _ => appending,
+        };
+    }
+    let batch = std::mem::take(&mut appending.buffer);
+    let records = std::mem::take(&mut appending.records);
+    // Read under the lock: every append adds to both together.
+    let end = shared.appended.load(Ordering::Acquire);
+    (batch, records, end, appending.stop)
+}
+
+/// Writes and syncs `bytes` (appended up to `end`), opening a new segment
+/// first if there is none or the current one is full or old.
+fn write(
+    shared: &Shared,
+    current: &mut Option<Segment>,
+    number: &mut u64,
+    bytes: &[u8],
+    end: u64,
+) -> std::io::Result<()> {
+    let config = &shared.config;
+    if current
+        .as_ref()
+        .is_some_and(|s| s.bytes >= config.segment_bytes || s.opened.elapsed() >= config.seal_after)
+    {
+        seal(shared, current);
+    }
+    if current.is_none() {
+        let path = config.dir.join(format!("{:020}.{EXTENSION}", *number));
+        *number += 1;
+        let mut file = shared.disk.create(&path)?;
+        file.write_all(MAGIC)?;
+        *current = Some(Segment {
+            file,
+            path,
+            opened: Instant::now(),
+            bytes: MAGIC.len() as u64,
+            end,
+        });
+    }
+    let segment = current.as_mut().expect("opened above");
+    segment.end = end;
+    segment.file.write_all(bytes)?;
+    segment.bytes += bytes.len() as u64;
+    segment.file.sync()
+}
+
+/// Moves the current segment to the sealed ones, for the trimmer.
+fn seal(shared: &Shared, current: &mut Option<Segment>) {
+    if let Some(segment) = current.take() {
+        shared.lock_sealed().push_back(Sealed {
+            path: segment.path,
+            end: segment.end,
+        });
+    }
+}
