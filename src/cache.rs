@@ -731,6 +731,10 @@ impl Cache {
                 pins,
             },
         );
+        // A replayed user's journaled changes go with the load, whatever
+        // its write of them does meanwhile: the store may be read before
+        // that write lands.
+        let replayed = shard.take_replayed_for_load(user_id);
         let cache = self.clone();
         tokio::spawn(async move {
             let result = cache.store.load(user_id).await;
@@ -744,7 +748,7 @@ impl Cache {
                         let now_us = clock::now_micros();
                         let lowered = std::mem::take(&mut stored.lowered);
                         shard.deletions.restore(user_id, &lowered, now_us / 1000);
-                        let user = match shard.take_replayed(user_id) {
+                        let user = match replayed.clone() {
                             Some(mut replayed) => {
                                 let lowered = std::mem::take(&mut replayed.lowered);
                                 shard.deletions.restore(user_id, &lowered, now_us / 1000);
@@ -760,6 +764,7 @@ impl Cache {
                         Err(LoadFailure::Store(e.to_string()))
                     }
                 };
+                shard.end_replayed_load(replayed, shared.is_ok());
                 // Under the lock: a pin holder that finds the load gone
                 // from `loading` finds its result here (see `Shard::unpin`).
                 // Nobody waiting is fine.

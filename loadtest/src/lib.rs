@@ -9,12 +9,14 @@
 //! - [`report`]: table and JSON; [`chart`]: SVG charts; [`sweep`]: rate steps.
 //! - [`baseline`]: the no-work server.
 //! - [`watchers`]: Watch streams held open during a run.
+//! - [`crash`]: kill -9 of a server under load, checked against a ledger.
 
 #![forbid(unsafe_code)]
 
 pub mod baseline;
 pub mod chart;
 pub mod commands;
+pub mod crash;
 pub mod keys;
 pub mod op;
 pub mod report;

@@ -44,6 +44,9 @@ enum Command {
         #[command(flatten)]
         args: SweepArgs,
     },
+    /// kill -9 of a readstates server at random moments under open-loop
+    /// acks, each acknowledged one checked after every restart.
+    Crash(loadtest::crash::CrashArgs),
     /// A Markdown table of the run reports (`*.json`) in a directory.
     Summary { dir: PathBuf },
     /// Serves readstates.v1 with canned responses and no work: the transport ceiling.
@@ -74,6 +77,7 @@ async fn main() -> ExitCode {
             Ok(workload) => commands::sweep(workload, args).await.map(drop),
             Err(e) => Err(e),
         },
+        Command::Crash(args) => loadtest::crash::run(args).await,
         Command::Summary { dir } => commands::summary(&dir).map(|table| print!("{table}")),
         Command::BaselineServer {
             listen,

@@ -138,8 +138,10 @@ pub(crate) struct Shard {
     in_flight: HashMap<u64, u16>,
     /// Users replayed from the journal and not loaded (see [`replayed`]).
     replayed: HashMap<u64, UserWrite>,
-    /// When they were replayed, while any is left.
+    /// When they were replayed (the journal held their changes before).
     replayed_since: Option<Instant>,
+    /// Replayed users' writes taken by loads under way.
+    replayed_loading: usize,
     /// Unwritten read states in this shard, cached or evicted. Per shard
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
@@ -187,6 +189,7 @@ impl Shard {
             in_flight: HashMap::new(),
             replayed: HashMap::new(),
             replayed_since: None,
+            replayed_loading: 0,
             unwritten: 0,
             evicted_total,
             stats: ShardStats::default(),
@@ -895,34 +898,31 @@ impl Shard {
 
     pub(crate) fn gauges(&mut self) -> ShardGauges {
         self.drop_stale_delayed();
-        let replayed_since = self.replayed_since();
-        let now = Instant::now();
-        let age = |id: &u64| {
-            let user = self.users.get(self.users.find(*id)?);
-            user.is(Flags::UNWRITTEN_SINCE)
-                .then(|| self.age(user.since, now))
-        };
-        let oldest_unwritten = self
-            .delayed
-            .front()
-            .map(|delayed| delayed.user_id)
-            .iter()
-            .chain(self.ready.iter())
-            .chain(self.in_flight.keys())
-            .chain(self.evicted.iter())
-            .filter_map(age)
-            .max()
-            .and_then(|age| now.checked_sub(age))
-            .into_iter()
-            .chain(replayed_since)
-            .min();
         ShardGauges {
             users: self.users.cached(),
             watched: self.watchers.len(),
             read_states: self.read_states,
             unwritten: self.unwritten,
-            oldest_unwritten,
+            oldest_unwritten: self.oldest_unwritten(),
         }
+    }
+
+    /// When the oldest change the store does not hold was made, never
+    /// later than it was (the journal's trimmer deletes what is older).
+    /// Every user is looked at, not the queues' heads: a user on its way
+    /// to a write (waiting for a permit) is in no queue, and one whose
+    /// write left changes behind is queued later than they were made.
+    fn oldest_unwritten(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let oldest = (self.users.iter())
+            .filter(|user| user.is(Flags::UNWRITTEN_SINCE))
+            .map(|user| self.age(user.since, now))
+            .max()
+            .and_then(|age| now.checked_sub(age));
+        oldest
+            .into_iter()
+            .chain(self.replayed_pending_since())
+            .min()
     }
 
     /// Unwritten read states in this shard.

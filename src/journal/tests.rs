@@ -294,3 +294,77 @@ async fn a_crash_loses_no_journaled_change_and_the_replay_is_written_behind() {
     );
     assert_eq!(segment_files(dir.path()), 0, "emptied once all is written");
 }
+
+/// A store whose loads read at once but answer only once released: a load
+/// that read the store before a write landed answers after it.
+#[derive(Debug)]
+struct HeldLoads {
+    inner: Arc<dyn Store>,
+    released: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl Store for HeldLoads {
+    fn name(&self) -> &'static str {
+        "held-loads"
+    }
+
+    async fn load(
+        &self,
+        user_id: u64,
+    ) -> Result<crate::store::StoredUser, crate::store::StoreError> {
+        let read = self.inner.load(user_id).await;
+        let _ = self.released.acquire().await.map(|p| p.forget());
+        read
+    }
+
+    async fn write(&self, write: &UserWrite) -> Result<(), crate::store::StoreError> {
+        self.inner.write(write).await
+    }
+
+    async fn load_channels(
+        &self,
+    ) -> Result<Vec<crate::channel_state::ChannelState>, crate::store::StoreError> {
+        self.inner.load_channels().await
+    }
+
+    async fn write_channel(
+        &self,
+        channel: &crate::channel_state::ChannelState,
+    ) -> Result<(), crate::store::StoreError> {
+        self.inner.write_channel(channel).await
+    }
+}
+
+#[tokio::test]
+async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_replayed_changes() {
+    // Found by `loadtest crash`: the replayed write of a user landed and
+    // was dropped while a load of the user, which had read the store
+    // before, was under way; the load then cached the older stored state.
+    let dir = tempfile::tempdir().unwrap();
+    let memory: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    {
+        let (cache, journal) = journaled_cache(dir.path(), memory.clone());
+        ack(&cache, 1, 10, 100).await;
+        drop(cache);
+        drop(journal);
+    }
+    let store = Arc::new(HeldLoads {
+        inner: memory.clone(),
+        released: tokio::sync::Semaphore::new(0),
+    });
+    let (cache, journal) = journaled_cache(dir.path(), store.clone());
+    let read = tokio::spawn({
+        let cache = cache.clone();
+        async move { last_acked(&cache, 1, 10).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    // Write-behind may write the replayed user meanwhile (the load holds
+    // its changes now, so it waits for the load).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    store.released.add_permits(1_000);
+    assert_eq!(read.await.unwrap(), Some(100));
+    write_behind.shutdown(Duration::from_secs(5)).await;
+    journal.close(true);
+}

@@ -24,12 +24,35 @@ impl Shard {
         self.wake = true;
     }
 
-    /// A replayed user's write, to lay over the user just loaded; from then
-    /// on the user's own unwritten changes carry it.
-    pub(crate) fn take_replayed(&mut self, user_id: u64) -> Option<UserWrite> {
+    fn take_replayed(&mut self, user_id: u64) -> Option<UserWrite> {
         let write = self.replayed.remove(&user_id)?;
         self.adjust_unwritten(-(rows(&write) as isize));
         Some(write)
+    }
+
+    /// A replayed user's write, taken by a load that starts: laid over
+    /// what the load reads (from then on the user's own unwritten changes
+    /// carry it), or given back by [`Shard::end_replayed_load`] if the load
+    /// caches nothing.
+    pub(crate) fn take_replayed_for_load(&mut self, user_id: u64) -> Option<UserWrite> {
+        let write = self.take_replayed(user_id)?;
+        self.replayed_loading += 1;
+        Some(write)
+    }
+
+    /// A load that took `replayed` ended, having cached the user or not.
+    pub(crate) fn end_replayed_load(&mut self, replayed: Option<UserWrite>, cached: bool) {
+        let Some(write) = replayed else {
+            return;
+        };
+        self.replayed_loading -= 1;
+        if !cached {
+            let user_id = write.user_id;
+            self.adjust_unwritten(rows(&write) as isize);
+            self.replayed.insert(user_id, write);
+            self.ready.push_back(user_id);
+            self.wake = true;
+        }
     }
 
     /// Whether write-behind should write replayed user `user_id` now.
@@ -75,12 +98,10 @@ impl Shard {
     }
 
     /// When the oldest replayed change may have been made, while any is
-    /// left.
-    pub(super) fn replayed_since(&mut self) -> Option<Instant> {
-        if self.replayed.is_empty() {
-            self.replayed_since = None;
-        }
-        self.replayed_since
+    /// left beside the cache (or with a load).
+    pub(super) fn replayed_pending_since(&self) -> Option<Instant> {
+        let pending = !self.replayed.is_empty() || self.replayed_loading > 0;
+        self.replayed_since.filter(|_| pending)
     }
 }
 
