@@ -58,7 +58,9 @@ wait_port() {
 
 # readstates NAME ARGS...: starts readstates, leaving its pid in $RS_PID.
 start_readstates() {
-    "$RS" serve --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn "$@" \
+    # A fresh journal each time (the environment, which older builds ignore).
+    rm -rf "$OUT/journal"
+    READSTATES_JOURNAL_DIR="$OUT/journal" "$RS" serve --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn "$@" \
         2>>"$OUT/readstates.log" &
     RS_PID=$!
     pids+=("$RS_PID")

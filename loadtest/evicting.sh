@@ -38,7 +38,8 @@ for build in $BUILDS; do
     i=$((i + 1))
     keyspace="readstates_evicting_$i"
     # Half of the workload's 100,000 users x 20 read states.
-    "$build" serve --store cassandra --keyspace "$keyspace" --cache-capacity 1000000 \
+    rm -rf "$OUT/journal-$i"
+    READSTATES_JOURNAL_DIR="$OUT/journal-$i" "$build" serve --store cassandra --keyspace "$keyspace" --cache-capacity 1000000 \
         --listen "127.0.0.1:$((50190 + i))" --metrics-listen "127.0.0.1:$((9200 + i))" \
         --log-level warn 2>>"$OUT/readstates-$i.log" &
     pids+=($!)

@@ -28,6 +28,8 @@ start_fleet() {
     LT=target/release/loadtest
     mkdir -p "$out"
     rm -f "$out"/*.log
+    # Each node journals in its own directory (a fresh one per run).
+    rm -rf "$out"/journal-n*
     scripts/cassandra.sh start
     common=(--store cassandra --cassandra-nodes "127.0.0.1:${CASSANDRA_PORT:-9042}"
         --keyspace "readstates_bench_$(date +%s)")
@@ -37,7 +39,7 @@ start_fleet() {
     pids=()
     trap stop_fleet EXIT
     for n in $(seq 1 "$nodes"); do
-        "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:$prefix$n" \
+        READSTATES_JOURNAL_DIR="$out/journal-n$n" "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:$prefix$n" \
             --listen "127.0.0.1:$prefix$n" --metrics-listen "127.0.0.1:9${prefix#50}$n" \
             --log-format json "$@" 2>>"$out/n$n.log" &
         pids+=($!)

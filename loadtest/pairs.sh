@@ -12,6 +12,13 @@
 #   COMPARE=/tmp/old/readstates loadtest/pairs.sh
 #                                        also that build of readstates, in the
 #                                        same pairs (before/after a change)
+#   RS_ARGS="--store embedded --data-dir target/p/a" \
+#   COMPARE=target/release/readstates \
+#   COMPARE_ARGS="--store embedded --data-dir target/p/b --journal off" \
+#   loadtest/pairs.sh                    the same build with other settings
+#                                        (RS_ARGS, COMPARE_ARGS: "--store
+#                                        memory" by default); with
+#                                        STREAM_BATCH, the stream on both
 #   STREAM_BATCH=100 WORKLOAD=loadtest/workloads/acks.toml loadtest/pairs.sh
 #                                        also readstates with the changes sent
 #                                        over STREAMS (4) Apply streams in
@@ -31,6 +38,8 @@ STREAMS="${STREAMS:-4}"
 STREAM_CONCURRENCY="${STREAM_CONCURRENCY:-$((2 * STREAM_BATCH * STREAMS))}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
+RS_ARGS="${RS_ARGS:---store memory}"
+COMPARE_ARGS="${COMPARE_ARGS:---store memory}"
 RS_GRPC=127.0.0.1:50151
 RS_METRICS=127.0.0.1:9190
 BASELINE=127.0.0.1:50161
@@ -45,12 +54,14 @@ mkdir -p "$OUT"
 
 "$LT" baseline-server --listen "$BASELINE" 2>>"$OUT/baseline.log" &
 baseline_pid=$!
-"$RS" serve --store memory --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn \
+# shellcheck disable=SC2086 # the arguments are words
+"$RS" serve $RS_ARGS --listen "$RS_GRPC" --metrics-listen "$RS_METRICS" --log-level warn \
     2>>"$OUT/readstates.log" &
 readstates_pid=$!
 compare_pid=
 if [ -n "$COMPARE" ]; then
-    "$COMPARE" serve --store memory --listen "$CMP_GRPC" --metrics-listen "$CMP_METRICS" \
+    # shellcheck disable=SC2086
+    "$COMPARE" serve $COMPARE_ARGS --listen "$CMP_GRPC" --metrics-listen "$CMP_METRICS" \
         --log-level warn 2>>"$OUT/compare.log" &
     compare_pid=$!
 fi
@@ -102,6 +113,10 @@ fi
 if [ "$STREAM_BATCH" -gt 0 ]; then
     header="$header stream ok/s | stream CPU us/req | CPU x |"
     rule="$rule ---: | ---: | ---: |"
+    if [ -n "$COMPARE" ]; then
+        header="$header compared stream ok/s | compared stream CPU us/req |"
+        rule="$rule ---: | ---: |"
+    fi
 fi
 echo "load average before the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$header"
@@ -128,6 +143,12 @@ for pair in $(seq 1 "$PAIRS"); do
             --concurrency "$STREAM_CONCURRENCY")
         times=$(python3 -c "print(f'{$r_cpu / $s_cpu:.1f}')")
         line="$line $s_rate | $s_cpu | $times |"
+        if [ -n "$COMPARE" ]; then
+            read -r cs_rate cs_cpu < <(measure compare-stream "$compare_pid" "grpc://$CMP_GRPC" \
+                --skip-preload --stream-batch "$STREAM_BATCH" --streams "$STREAMS" \
+                --concurrency "$STREAM_CONCURRENCY")
+            line="$line $cs_rate | $cs_cpu |"
+        fi
     fi
     echo "$line"
 done

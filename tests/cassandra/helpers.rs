@@ -92,6 +92,9 @@ pub struct Server {
     pub metrics: SocketAddr,
     /// Every log line it wrote (JSON).
     log: Arc<Mutex<Vec<String>>>,
+    /// Its own journal directory, unless the test gave one
+    /// (`--journal-dir`, to restart it in place).
+    _journal: Option<tempfile::TempDir>,
 }
 
 impl Server {
@@ -113,6 +116,10 @@ impl Server {
         nodes: &str,
         args: &[&str],
     ) -> Result<Server, String> {
+        // Each server journals on its own, unless told where.
+        let journal = (!args.contains(&"--journal-dir")).then(|| tempfile::tempdir().expect("tempdir"));
+        let journal_args = (journal.iter())
+            .flat_map(|dir| ["--journal-dir".to_owned(), dir.path().display().to_string()]);
         let mut child = Command::new(env!("CARGO_BIN_EXE_readstates"))
             .args([
                 "serve",
@@ -132,6 +139,7 @@ impl Server {
                 "json",
             ])
             .args(args)
+            .args(journal_args)
             .env_remove("RUST_LOG")
             // Taken by fleet nodes only: what they prove to each other with.
             .env("READSTATES_FLEET_SECRET", "the test fleet's own secret")
@@ -164,6 +172,7 @@ impl Server {
                 grpc,
                 metrics,
                 log,
+                _journal: journal,
             }),
             other => {
                 let _ = child.kill();
