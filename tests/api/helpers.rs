@@ -207,6 +207,12 @@ pub async fn plaintext(addr: SocketAddr) -> Channel {
         .expect("connect")
 }
 
+/// An application the test built itself, serving, its client connected
+/// over plaintext.
+pub async fn start_with(app: Application) -> TestApp {
+    start(app, plaintext).await
+}
+
 async fn start(app: Application, connect: impl AsyncFnOnce(SocketAddr) -> Channel) -> TestApp {
     let (addr, metrics_addr) = (app.grpc_addr(), app.metrics_addr());
     let (stop, stopped) = oneshot::channel();

@@ -13,6 +13,7 @@ mod get_badge_counts;
 mod get_read_states;
 mod handoff;
 mod helpers;
+mod journal;
 mod message_created;
 mod message_deleted;
 mod operations;

@@ -182,7 +182,10 @@ async fn a_crash_loses_nothing_with_the_journal() {
     let server = Server::start(&nodes(), &args);
     let replayed = server.logged("journal replayed");
     assert!(replayed[0]["records"].as_u64().unwrap() > 0, "{replayed:?}");
-    assert!(server.terminate().success(), "wrote everything on the way out");
+    assert!(
+        server.terminate().success(),
+        "wrote everything on the way out"
+    );
     let (missing, _) = missing_acks(&store, &ledger, crashed_at).await;
     println!(
         "kill -9 with --write-delay 30s and the journal: {acknowledged} acks acknowledged, \

@@ -117,7 +117,8 @@ impl Server {
         args: &[&str],
     ) -> Result<Server, String> {
         // Each server journals on its own, unless told where.
-        let journal = (!args.contains(&"--journal-dir")).then(|| tempfile::tempdir().expect("tempdir"));
+        let journal =
+            (!args.contains(&"--journal-dir")).then(|| tempfile::tempdir().expect("tempdir"));
         let journal_args = (journal.iter())
             .flat_map(|dir| ["--journal-dir".to_owned(), dir.path().display().to_string()]);
         let mut child = Command::new(env!("CARGO_BIN_EXE_readstates"))

@@ -1,0 +1,106 @@
+//! The journal through the service (issue 36): a change is answered only
+//! once its journal sync returns, and a failing disk gets UNAVAILABLE with
+//! nothing applied until it takes the journal again.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use readstates::app::Application;
+use readstates::config::{Config, StoreKind};
+use readstates::journal::disk::faulty::{Faults, FaultyDisk};
+use readstates::metrics::scrape;
+use readstates::store::memory::MemoryStore;
+use readstates::test_support::ack;
+use tonic::Code;
+
+use crate::helpers::{TestApp, eventually, start_with, test_config};
+
+/// A node journaling on a disk the test makes fail (the store is in
+/// memory, but the node is configured as the embedded store's, which
+/// journals).
+async fn spawn_journaled(dir: &tempfile::TempDir) -> (TestApp, Arc<Faults>) {
+    let config = Config {
+        store: StoreKind::Embedded,
+        data_dir: dir.path().to_owned(),
+        ..test_config()
+    };
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let app = Application::build_with_disk(config, Arc::new(MemoryStore::new()), disk);
+    (start_with(app.await.expect("build")).await, faults)
+}
+
+async fn last_acked(app: &mut TestApp, user_id: u64, channel_id: u64) -> Option<u64> {
+    let states = app.all_read_states(user_id).await.read_states;
+    (states.iter().find(|s| s.channel_id == channel_id)).map(|s| s.last_acked_id)
+}
+
+#[tokio::test]
+async fn a_change_is_answered_only_once_its_journal_sync_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, faults) = spawn_journaled(&dir).await;
+    faults.hold();
+    let mut client = app.client.clone();
+    let acked = tokio::spawn(async move { client.ack(ack(1, 2, 3)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!acked.is_finished(), "answered before its sync returned");
+    faults.release();
+    let answer = acked.await.unwrap().expect("answered once synced");
+    assert!(answer.into_inner().applied);
+}
+
+#[tokio::test]
+async fn a_full_disk_gets_unavailable_and_nothing_is_applied_until_it_has_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut app, faults) = spawn_journaled(&dir).await;
+    let failures = async |app: &TestApp| {
+        scrape::value(&app.metrics().await, "readstates_journal_failures_total")
+    };
+    let before = failures(&app).await;
+    app.client
+        .ack(ack(1, 10, 100))
+        .await
+        .expect("a disk with room");
+
+    faults.full.store(true, Ordering::SeqCst);
+    let failed = app.client.ack(ack(1, 10, 200)).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    assert!(failed.message().contains("journal"), "{failed:?}");
+    // The journal is failing now: refused before it is applied.
+    let refused = app.client.ack(ack(1, 11, 300)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert_eq!(
+        last_acked(&mut app, 1, 11).await,
+        None,
+        "applied while the journal failed"
+    );
+    assert!(failures(&app).await > before, "counted");
+
+    faults.full.store(false, Ordering::SeqCst);
+    let client = app.client.clone();
+    eventually("acks taken again once the disk has room", async || {
+        client.clone().ack(ack(1, 11, 300)).await.is_ok()
+    })
+    .await;
+    assert_eq!(last_acked(&mut app, 1, 11).await, Some(300));
+    // The one answered UNAVAILABLE while it was applied stays applied: a
+    // retry is counted once.
+    app.client.ack(ack(1, 10, 200)).await.expect("retried");
+    assert_eq!(last_acked(&mut app, 1, 10).await, Some(200));
+}
+
+#[tokio::test]
+async fn a_failing_fsync_gets_unavailable_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, faults) = spawn_journaled(&dir).await;
+    faults.failing_syncs.store(true, Ordering::SeqCst);
+    let failed = app.client.clone().ack(ack(1, 10, 100)).await.unwrap_err();
+    assert_eq!(failed.code(), Code::Unavailable, "{failed:?}");
+    faults.failing_syncs.store(false, Ordering::SeqCst);
+    let client = app.client.clone();
+    eventually("acks taken again once syncs succeed", async || {
+        client.clone().ack(ack(1, 11, 100)).await.is_ok()
+    })
+    .await;
+}
