@@ -367,6 +367,9 @@ impl Cache {
         // rises strictly (max(previous + 1, now)).
         let now_us = clock::now_micros();
         let switches = self.channels.hold_switches();
+        // One journal frame for the whole change: a crash keeps all of it
+        // or none, as a cut request does.
+        let group = self.journal.get().map(|journal| journal.group());
         let first = first(now_us)?;
         let mut results = Vec::with_capacity(user_ids.len());
         let mut writes = Vec::new();
@@ -388,6 +391,7 @@ impl Cache {
                 None => tracing::error!(user_id, "a pinned user was not held; skipped"),
             }
         }
+        drop(group);
         drop(switches);
         drop(entry);
         pins.let_go();

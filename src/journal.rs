@@ -231,13 +231,47 @@ impl Journal {
         ))
     }
 
-    /// Appends one record, written by `encode` at the end of the buffer
-    /// (see [`record`]). Called under the lock that applies the change, so
-    /// that a user's records are in the order of its versions.
+    /// Appends one entry, written by `encode` (see [`record`]): in a frame
+    /// of its own, or in the frame of the [`Journal::group`] open on this
+    /// thread. Called under the lock that applies the change.
     pub fn append(&self, encode: impl FnOnce(&mut Vec<u8>)) {
+        let grouped = GROUP.with_borrow_mut(|group| match group {
+            Some((journal, entries)) if *journal == self.id() => {
+                encode(entries);
+                None
+            }
+            _ => Some(encode),
+        });
+        if let Some(encode) = grouped {
+            self.append_frame(|out| record::frame(out, encode));
+        }
+    }
+
+    /// Opens a group on this thread until the guard drops: the entries
+    /// appended meanwhile go in one frame, which a crash keeps whole or
+    /// drops whole (a change of many users, all or none). The guard is not
+    /// `Send`: it cannot be held across an `.await`.
+    pub fn group(&self) -> Group<'_> {
+        let opened = GROUP.with_borrow_mut(|group| {
+            group
+                .is_none()
+                .then(|| *group = Some((self.id(), Vec::new())))
+                .is_some()
+        });
+        Group {
+            journal: opened.then_some(self),
+            not_send: std::marker::PhantomData,
+        }
+    }
+
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
+    fn append_frame(&self, write: impl FnOnce(&mut Vec<u8>)) {
         let mut appending = self.shared.lock_appending();
         let before = appending.buffer.len();
-        encode(&mut appending.buffer);
+        write(&mut appending.buffer);
         appending.records += 1;
         let added = (appending.buffer.len() - before) as u64;
         self.shared.appended.fetch_add(added, Ordering::Release);
@@ -332,6 +366,33 @@ impl Journal {
     /// Sealed segments (for the metrics and tests).
     pub fn segments(&self) -> usize {
         self.shared.lock_sealed().len()
+    }
+}
+
+thread_local! {
+    /// The group open on this thread: its journal, and its entries so far.
+    static GROUP: std::cell::RefCell<Option<(usize, Vec<u8>)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// See [`Journal::group`].
+#[derive(Debug)]
+pub struct Group<'a> {
+    /// The journal, if this guard opened the group (an inner one did not).
+    journal: Option<&'a Journal>,
+    not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for Group<'_> {
+    fn drop(&mut self) {
+        let Some(journal) = self.journal else {
+            return;
+        };
+        let entries = GROUP
+            .with_borrow_mut(Option::take)
+            .map(|(_, entries)| entries);
+        if let Some(entries) = entries.filter(|e| !e.is_empty()) {
+            journal.append_frame(|out| record::frame(out, |out| out.extend_from_slice(&entries)));
+        }
     }
 }
 

@@ -53,8 +53,8 @@ pub const RING_CHANGE_WAITS: &str = "readstates_ring_change_waits_total";
 pub const HANDED_IN_USERS: &str = "readstates_handed_in_users_total";
 /// Calls refused as a node's without the fleet's token, by `reason`.
 pub const NODE_CALLS_REFUSED: &str = "readstates_node_calls_refused_total";
-/// The journal (`docs/journal.md`): syncs, the records and bytes they
-/// made durable, how long each took, failed writes or syncs, whether the
+/// The journal (`docs/journal.md`): syncs, the records (one per change)
+/// and bytes they made durable, how long each took, failed writes or syncs, whether the
 /// last one succeeded (0: changes are refused), and its sealed segments.
 pub const JOURNAL_SYNCS: &str = "readstates_journal_syncs_total";
 pub const JOURNAL_RECORDS: &str = "readstates_journal_records_total";

@@ -1,7 +1,9 @@
 //! The journal's records: after-images, framed and checksummed.
 //!
 //! A frame is `[len u32][crc32 u32][body]`, little-endian, the checksum over
-//! the body. A body starts with its type:
+//! the body; the body is the entries of one request (a change of many users
+//! is one frame, so a crash keeps all of it or none). An entry is
+//! `[len u32][type u8][payload]`, the length over type and payload; by type:
 //! - [`USER`]: user id, version, delta floor, "delete all" version (0: none),
 //!   row count, then each row: kind, channel id, last acked id, last message
 //!   id, version, mention count, unread count, flags, parent id (0 but for a
@@ -23,6 +25,8 @@ pub const CHANNEL: u8 = 3;
 
 /// Frame header: length and checksum.
 pub const HEADER: usize = 8;
+/// Entry header: length.
+const ENTRY: usize = 4;
 /// No record is larger (a channel's image is about 8 KiB; a user's change
 /// touches a few rows, a "delete all" none): a length beyond it is damage.
 pub const MAX_BODY: usize = 16 << 20;
@@ -32,7 +36,7 @@ const ROW: usize = 1 + 8 * 4 + 2 + 2 + 1 + 8;
 const DELETED: u8 = 1;
 const MUTED: u8 = 2;
 
-/// A record read back.
+/// An entry read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     User(UserRecord),
@@ -55,9 +59,9 @@ pub struct UserRecord {
     pub rows: Vec<(ReadState, u64)>,
 }
 
-/// Appends the frame of a user record to `out`: the rows of `user` with a
-/// version above `since` (the user's version before the change; 0 for all
-/// its unwritten ones past `written`, see [`append_unwritten`]).
+/// Appends a user entry to `out`: the rows of `user` with a version above
+/// `since` (the user's version before the change; its written version for
+/// all its unwritten ones).
 pub fn append_user(out: &mut Vec<u8>, user_id: u64, since: u64, user: UserView<'_>) {
     let start = begin(out, USER);
     put(out, user_id);
@@ -84,38 +88,57 @@ pub fn append_user(out: &mut Vec<u8>, user_id: u64, since: u64, user: UserView<'
         count += 1;
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
-    finish(out, start);
+    end(out, start);
 }
 
-/// Appends the frame of what `user_id` is remembered lowered for.
+/// Appends an entry of what `user_id` is remembered lowered for.
 pub fn append_lowered(out: &mut Vec<u8>, user_id: u64, lowered: &[Remembered]) {
     let start = begin(out, LOWERED);
     put(out, user_id);
     out.extend_from_slice(&encode_lowered(lowered));
-    finish(out, start);
+    end(out, start);
 }
 
-/// Appends the frame of a channel's whole state.
+/// Appends an entry of a channel's whole state.
 pub fn append_channel(out: &mut Vec<u8>, channel: &ChannelState) {
     let start = begin(out, CHANNEL);
     put(out, channel.channel_id());
     out.extend_from_slice(&channel.encode());
-    finish(out, start);
+    end(out, start);
 }
 
-/// Reads the frame at the start of `bytes`: the record and the frame's
-/// length, or `None` if no whole, intact, known record starts there.
-pub fn read(bytes: &[u8]) -> Option<(Record, usize)> {
+/// Appends a frame of the entries `entries` writes.
+pub fn frame(out: &mut Vec<u8>, entries: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0; HEADER]);
+    entries(out);
+    let body = &out[start + HEADER..];
+    let (len, crc) = (body.len() as u32, crc32fast::hash(body));
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Reads the frame at the start of `bytes`: its entries and the frame's
+/// length, or `None` if no whole, intact frame of known entries starts
+/// there.
+pub fn read(bytes: &[u8]) -> Option<(Vec<Record>, usize)> {
     let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
     if len == 0 || len > MAX_BODY {
         return None;
     }
     let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
-    let body = bytes.get(HEADER..HEADER + len)?;
+    let mut body = bytes.get(HEADER..HEADER + len)?;
     if crc32fast::hash(body) != crc {
         return None;
     }
-    Some((decode(body)?, HEADER + len))
+    let mut records = Vec::new();
+    while !body.is_empty() {
+        let len = u32::from_le_bytes(body.get(0..ENTRY)?.try_into().ok()?) as usize;
+        let entry = body.get(ENTRY..ENTRY + len).filter(|e| !e.is_empty())?;
+        records.push(decode(entry)?);
+        body = &body[ENTRY + len..];
+    }
+    Some((records, HEADER + len))
 }
 
 fn decode(body: &[u8]) -> Option<Record> {
@@ -157,17 +180,15 @@ fn decode(body: &[u8]) -> Option<Record> {
 
 fn begin(out: &mut Vec<u8>, kind: u8) -> usize {
     let start = out.len();
-    out.extend_from_slice(&[0; HEADER]);
+    out.extend_from_slice(&[0; ENTRY]);
     out.push(kind);
     start
 }
 
-/// Fills in the frame header of the body written since `start`.
-fn finish(out: &mut [u8], start: usize) {
-    let body = &out[start + HEADER..];
-    let (len, crc) = (body.len() as u32, crc32fast::hash(body));
-    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+/// Fills in the length of the entry begun at `start`.
+fn end(out: &mut [u8], start: usize) {
+    let len = (out.len() - start - ENTRY) as u32;
+    out[start..start + ENTRY].copy_from_slice(&len.to_le_bytes());
 }
 
 fn put(out: &mut Vec<u8>, value: u64) {
@@ -271,11 +292,11 @@ mod tests {
             vec![(state(1, 10), 0), (state(2, 20), 0), (state(3, 15), 0)],
         );
         let mut out = Vec::new();
-        append_user(&mut out, 42, 12, user.view());
-        let (record, len) = read(&out).expect("reads back");
-        assert_eq!(len, out.len());
-        let Record::User(record) = record else {
-            panic!("a user record: {record:?}")
+        frame(&mut out, |out| append_user(out, 42, 12, user.view()));
+        let (mut records, len) = read(&out).expect("reads back");
+        assert_eq!((len, records.len()), (out.len(), 1));
+        let Record::User(record) = records.remove(0) else {
+            panic!("a user record")
         };
         assert_eq!(
             (record.user_id, record.version, record.clear_below),
@@ -289,8 +310,11 @@ mod tests {
     #[test]
     fn a_damaged_or_cut_frame_does_not_read() {
         let mut out = Vec::new();
-        append_lowered(&mut out, 5, &[]);
-        assert!(read(&out).is_some());
+        frame(&mut out, |out| {
+            append_lowered(out, 5, &[]);
+            append_lowered(out, 6, &[]);
+        });
+        assert_eq!(read(&out).map(|(records, _)| records.len()), Some(2));
         assert!(read(&out[..out.len() - 1]).is_none(), "cut");
         let last = out.len() - 1;
         out[last] ^= 1;

@@ -90,9 +90,9 @@ fn read_segment(
     }
     let mut at = MAGIC.len();
     while at < bytes.len() {
-        if let Some((record, len)) = record::read(&bytes[at..]) {
-            into.add(record);
-            replayed.records += 1;
+        if let Some((records, len)) = record::read(&bytes[at..]) {
+            replayed.records += records.len();
+            records.into_iter().for_each(|record| into.add(record));
             at += len;
             continue;
         }

@@ -368,3 +368,33 @@ async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_rep
     write_behind.shutdown(Duration::from_secs(5)).await;
     journal.close(true);
 }
+
+#[test]
+fn the_entries_of_a_group_are_one_frame_kept_or_cut_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (journal, _) = open(config(dir.path()), Arc::new(Fs));
+    {
+        let _group = journal.group();
+        append_one(&journal, 1);
+        let _inner = journal.group();
+        append_one(&journal, 2);
+        append_one(&journal, 3);
+    }
+    append_one(&journal, 4);
+    journal.close(false);
+    let segment = std::fs::read_dir(dir.path())
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let bytes = std::fs::read(&segment).unwrap();
+    let (group, len) = record::read(&bytes[replay::MAGIC.len()..]).expect("a frame");
+    assert_eq!(group.len(), 3, "one frame for the group");
+    let (alone, _) = record::read(&bytes[replay::MAGIC.len() + len..]).expect("a frame");
+    assert_eq!(alone.len(), 1);
+    // Cut inside the group's frame: none of it is replayed.
+    std::fs::write(&segment, &bytes[..replay::MAGIC.len() + len - 1]).unwrap();
+    let (_, replayed) = Journal::open(config(dir.path()), Arc::new(Fs)).unwrap();
+    assert_eq!(replayed.records, 0, "a part of a group was kept");
+}
