@@ -556,11 +556,15 @@ impl Config {
         if !kept || self.journal == JournalMode::Off {
             return None;
         }
-        let dir = (self.journal_dir.clone()).unwrap_or_else(|| self.data_dir.join("journal"));
         Some(JournalConfig {
             skip_corrupt: self.journal_skip_corrupt,
-            ..JournalConfig::new(dir, self.journal)
+            ..JournalConfig::new(self.journal_dir(), self.journal)
         })
+    }
+
+    /// Where the journal is (or would be).
+    pub fn journal_dir(&self) -> PathBuf {
+        (self.journal_dir.clone()).unwrap_or_else(|| self.data_dir.join("journal"))
     }
 
     /// The TLS files, if the gRPC port serves TLS.

@@ -11,7 +11,7 @@ use super::BoxError;
 use crate::cache::Cache;
 use crate::config::Config;
 use crate::journal::disk::Disk;
-use crate::journal::{Journal, Trimmer};
+use crate::journal::{Journal, JournalConfig, JournalMode, Trimmer, replay};
 use crate::metrics;
 
 /// How often the trimmer deletes what the store holds.
@@ -19,13 +19,25 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 /// Opens the journal `config` asks for on `disk`, lays what it holds over
 /// the cache (see [`Cache::replay`]) and journals every later change.
+/// Without one (`--journal off`, write-through), a journal left by an
+/// earlier start is still replayed, and deleted once written.
 pub fn open(
     config: &Config,
     cache: &Cache,
     disk: Arc<dyn Disk>,
 ) -> Result<Option<Arc<Journal>>, BoxError> {
-    let Some(journal_config) = config.journal() else {
-        return Ok(None);
+    let (journal_config, journaling) = match config.journal() {
+        Some(journal_config) => (journal_config, true),
+        None if left_behind(&config.journal_dir()) => {
+            // Nothing is appended: the writer only wakes now and then.
+            let mode = JournalMode::Interval(Duration::from_secs(1));
+            let journal_config = JournalConfig {
+                skip_corrupt: config.journal_skip_corrupt,
+                ..JournalConfig::new(config.journal_dir(), mode)
+            };
+            (journal_config, false)
+        }
+        None => return Ok(None),
     };
     let started = std::time::Instant::now();
     let dir = journal_config.dir.clone();
@@ -48,8 +60,18 @@ pub fn open(
         "journal replayed"
     );
     let journal = Arc::new(journal);
-    cache.set_journal(journal.clone());
+    if journaling {
+        cache.set_journal(journal.clone());
+    }
     Ok(Some(journal))
+}
+
+/// Whether `dir` holds segments of a journal.
+fn left_behind(dir: &std::path::Path) -> bool {
+    let segment = |entry: std::fs::DirEntry| {
+        (entry.path().extension()).is_some_and(|e| e == replay::EXTENSION)
+    };
+    (std::fs::read_dir(dir).into_iter().flatten().flatten()).any(segment)
 }
 
 /// Deletes the journal's segments the store holds, every [`TRIM_EVERY`],

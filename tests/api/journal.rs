@@ -104,3 +104,38 @@ async fn a_failing_fsync_gets_unavailable_too() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_journal_left_behind_is_replayed_also_with_the_journal_off() {
+    use readstates::journal::disk::Fs;
+    use readstates::journal::{Journal, JournalConfig, JournalMode, record};
+    use readstates::read_state::{Key, UserReadStates};
+
+    let dir = tempfile::tempdir().unwrap();
+    let journal_dir = dir.path().join("journal");
+    // What a node killed with an unwritten ack leaves.
+    let (journal, _) = Journal::open(
+        JournalConfig::new(journal_dir.clone(), JournalMode::Sync),
+        Arc::new(Fs),
+    )
+    .unwrap();
+    let mut user = UserReadStates::default();
+    user.ack(Key::channel(10), 100, 1);
+    journal.append(|out| record::append_user(out, 1, 0, user.view()));
+    journal.close(false);
+
+    let config = Config {
+        store: StoreKind::Embedded,
+        data_dir: dir.path().to_owned(),
+        journal: JournalMode::Off,
+        ..test_config()
+    };
+    let store = Arc::new(MemoryStore::new());
+    let app = Application::build_with_store(config, store.clone());
+    let mut app = start_with(app.await.expect("build")).await;
+    assert_eq!(last_acked(&mut app, 1, 10).await, Some(100));
+    app.client.ack(ack(2, 10, 5)).await.expect("acked");
+    app.stop().await;
+    let files = std::fs::read_dir(&journal_dir).unwrap().count();
+    assert_eq!(files, 0, "deleted once written, and nothing new journaled");
+}
