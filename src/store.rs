@@ -58,10 +58,13 @@ impl StoredUser {
     /// store holds, to be written behind.
     pub fn into_user_with(mut self, unwritten: UserWrite, now_us: u64) -> UserReadStates {
         let written = self.version;
-        let clear = unwritten.clear_below.filter(|&c| c > written);
-        if let Some(clear) = clear {
+        // As the store does with the write: whatever the store's version,
+        // no row older than a "delete all" stays (one written since it,
+        // or with a version of another row's, may still be there).
+        if let Some(clear) = unwritten.clear_below {
             self.read_states.retain(|s| s.version >= clear);
         }
+        let clear = unwritten.clear_below.filter(|&c| c > written);
         self.parents.extend(unwritten.parents);
         for state in unwritten.read_states {
             match self.read_states.iter_mut().find(|s| s.key() == state.key()) {

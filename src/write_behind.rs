@@ -143,6 +143,21 @@ impl WriteBehind {
     }
 }
 
+impl WriteBehind {
+    /// Stops, writing nothing more, as a kill does (the simulation's
+    /// crashes); returns once the store calls under way have landed or
+    /// failed, as they would before a restarted node reads the store.
+    pub async fn crash(self) {
+        self.stop.cancel();
+        self.writer.give_up.cancel();
+        for scheduler in self.schedulers {
+            scheduler.abort();
+        }
+        self.writer.writes_under_way.close();
+        self.writer.writes_under_way.wait().await;
+    }
+}
+
 impl Writer {
     /// Feeds one shard's due users to writes_under_way until stopped.
     async fn schedule(self: Arc<Self>, index: usize, stop: CancellationToken) {

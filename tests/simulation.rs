@@ -14,13 +14,23 @@
 //! reply in them (a reply counts only in its followers' thread read states;
 //! a channel's deletion takes its threads; the store must keep each
 //! thread's parent).
-//! Each lifetime ends in a graceful shutdown at a random moment, and the next
-//! one starts on the same store.
+//! Each lifetime ends in a graceful shutdown at a random moment, or (not
+//! the last, nor one in write-through; every one with
+//! `SIMULATION_CRASH_ALWAYS=1`) in a crash between two operations of each
+//! client: the node stops at once, write-behind and all, and its journal
+//! (`docs/journal.md`, on whenever the write delay is) is cut at a random
+//! byte past what it had synced. The next one starts on the same store and
+//! journal, and replays it.
 //!
 //! Every acknowledged operation goes into a plain model of the rules. Each
 //! client owns its users, so their operations have one order. After each
 //! shutdown the store must equal the model exactly: no lost change, no double
-//! count, no deleted read state back, no version going backwards. A change
+//! count, no deleted read state back, no version going backwards; after a
+//! crash too, with no exception for the write delay (the next lifetime's
+//! reads and shutdown check it). Changes cut by a crash while under way are
+//! not simulated: one may reach some of its users and channels and not
+//! others (write-behind may write a user before the journal synced the
+//! change), which this model cannot tell from a loss. A change
 //! refused as UNAVAILABLE must have changed nothing (write-through's failed
 //! write: everything); one cut by the client must have changed all of its
 //! users or none.
@@ -36,6 +46,8 @@ use std::time::Duration;
 use readstates::cache::{Cache, CacheConfig};
 use readstates::config::{Config, Settings};
 use readstates::grpc::{ReadStatesService, ServiceConfig};
+use readstates::journal::disk::{Disk, Fs, SegmentFile};
+use readstates::journal::{Journal, JournalConfig, JournalMode, Trimmer, record};
 use readstates::proto::read_states_server::ReadStates;
 use readstates::proto::*;
 use readstates::store::Store;
@@ -58,6 +70,8 @@ use tonic::{Code, Request, Status, Streaming};
 use tonic_prost::ProstCodec;
 
 const CLIENTS: u64 = 3;
+/// A user no client owns: what a crash cuts off is its.
+const UNREAD_USER: u64 = 999_999;
 const USERS_PER_CLIENT: u64 = 4;
 const CHANNELS: u64 = 3;
 const LIFETIMES: usize = 3;
@@ -902,7 +916,14 @@ impl Client {
     /// About half of the changes go over an Apply stream (one item per
     /// batch: the client waits for each answer); a deadline is then the
     /// batch's timeout, and an item answered DEADLINE_EXCEEDED is cut.
-    async fn run(&mut self, service: &ReadStatesService, cache: &Cache, users: &[u64], ops: usize) {
+    async fn run(
+        &mut self,
+        service: &ReadStatesService,
+        cache: &Cache,
+        users: &[u64],
+        ops: usize,
+        crashed: &tokio_util::sync::CancellationToken,
+    ) {
         let mut stream = Applier::open(service).await;
         for _ in 0..ops {
             let counted_from = self.channels.get(&self.own).map(|c| c.counted_from);
@@ -911,51 +932,78 @@ impl Client {
             let before = (self.models.clone(), self.channels.clone());
             let mut after = before.clone();
             let expected = apply(&mut after.0, &mut after.1, &op);
-            let deadline =
-                (self.rng.u32(0..10) == 0).then(|| Duration::from_millis(self.rng.u64(0..20)));
-            let streamed = change(&op).filter(|_| self.rng.bool());
-            let result = match (streamed, deadline) {
-                (Some(change), deadline) => {
-                    self.streamed += 1;
-                    let timeout_ms = deadline.map_or(0, |d| d.as_millis().max(1) as u32);
-                    match stream.call(change, timeout_ms).await {
-                        Err(status) if status.code() == Code::DeadlineExceeded => None,
-                        answer => Some(answer.map(observed)),
-                    }
-                }
-                (None, Some(deadline)) => tokio::time::timeout(deadline, call(service, &op))
-                    .await
-                    .ok(),
-                (None, None) => Some(call(service, &op).await),
-            };
-            match result {
-                Some(Ok(observed)) => {
-                    self.check_answer(&op, &after, expected, observed);
-                    (self.models, self.channels) = after;
-                }
-                // Write-through: applied, and written later.
-                Some(Err(status))
-                    if status.code() == Code::Unavailable
-                        && status.message().contains("retried in the background") =>
-                {
-                    self.resolve(service, cache, &op, &before, &after, Expect::Applied)
-                        .await;
-                }
-                Some(Err(status)) if status.code() == Code::Unavailable => {
-                    self.resolve(service, cache, &op, &before, &after, Expect::Unchanged)
-                        .await;
-                    if status.message().contains("shutting down") {
-                        return;
-                    }
-                }
-                Some(Err(status)) => panic!("{}: {op:?} failed: {status:?}", self.name),
-                // Cut by the client: all of it or none of it.
-                None => {
-                    self.resolve(service, cache, &op, &before, &after, Expect::AllOrNothing)
-                        .await;
-                }
+            let step = self.step(
+                service,
+                cache,
+                &mut stream,
+                &op,
+                (&before, &after),
+                expected,
+            );
+            if step.await || crashed.is_cancelled() {
+                return;
             }
         }
+    }
+
+    /// One operation: sent, answered and checked. Returns whether the
+    /// node is shutting down (the client stops).
+    async fn step(
+        &mut self,
+        service: &ReadStatesService,
+        cache: &Cache,
+        stream: &mut Applier,
+        op: &Op,
+        (before, after): (&Model, &Model),
+        expected: u32,
+    ) -> bool {
+        let op = op.clone();
+        let (before, after) = (before.clone(), after.clone());
+        let deadline =
+            (self.rng.u32(0..10) == 0).then(|| Duration::from_millis(self.rng.u64(0..20)));
+        let streamed = change(&op).filter(|_| self.rng.bool());
+        let result = match (streamed, deadline) {
+            (Some(change), deadline) => {
+                self.streamed += 1;
+                let timeout_ms = deadline.map_or(0, |d| d.as_millis().max(1) as u32);
+                match stream.call(change, timeout_ms).await {
+                    Err(status) if status.code() == Code::DeadlineExceeded => None,
+                    answer => Some(answer.map(observed)),
+                }
+            }
+            (None, Some(deadline)) => tokio::time::timeout(deadline, call(service, &op))
+                .await
+                .ok(),
+            (None, None) => Some(call(service, &op).await),
+        };
+        match result {
+            Some(Ok(observed)) => {
+                self.check_answer(&op, &after, expected, observed);
+                (self.models, self.channels) = after;
+            }
+            // Write-through: applied, and written later.
+            Some(Err(status))
+                if status.code() == Code::Unavailable
+                    && status.message().contains("retried in the background") =>
+            {
+                self.resolve(service, cache, &op, &before, &after, Expect::Applied)
+                    .await;
+            }
+            Some(Err(status)) if status.code() == Code::Unavailable => {
+                self.resolve(service, cache, &op, &before, &after, Expect::Unchanged)
+                    .await;
+                if status.message().contains("shutting down") {
+                    return true;
+                }
+            }
+            Some(Err(status)) => panic!("{}: {op:?} failed: {status:?}", self.name),
+            // Cut by the client: all of it or none of it.
+            None => {
+                self.resolve(service, cache, &op, &before, &after, Expect::AllOrNothing)
+                    .await;
+            }
+        }
+        false
     }
 
     fn check_answer(&mut self, op: &Op, after: &Model, expected: u32, observed: Observed) {
@@ -1024,6 +1072,10 @@ impl Client {
             return;
         }
         self.unanswered += 1;
+        // Read once the journal holds what was applied: a change applied
+        // but not yet synced is not the node's to keep (a crash may drop
+        // it), and would be taken for applied.
+        let _ = cache.journaled().await;
         let mut seen = BTreeMap::new();
         for user in &users {
             let read = Op::Read { user: *user };
@@ -1098,6 +1150,8 @@ struct Outcome {
     unanswered: usize,
     /// Shutdowns that could not write everything (and said so).
     lossy_shutdowns: usize,
+    /// Lifetimes that ended in a crash.
+    crashes: usize,
     /// Clients whose own channel ended counted by channel, and the messages
     /// it took.
     switched: usize,
@@ -1106,12 +1160,70 @@ struct Outcome {
     followed_threads: usize,
 }
 
+/// A disk that remembers how much of the last segment was synced.
+#[derive(Debug, Default)]
+struct SyncedDisk {
+    last: Arc<std::sync::Mutex<Option<(std::path::PathBuf, u64)>>>,
+}
+
+impl SyncedDisk {
+    /// The last segment, and how much of it was synced.
+    fn synced(&self) -> Option<(std::path::PathBuf, u64)> {
+        self.last.lock().unwrap().clone()
+    }
+}
+
+impl Disk for SyncedDisk {
+    fn create(&self, path: &std::path::Path) -> std::io::Result<Box<dyn SegmentFile>> {
+        let inner = Fs.create(path)?;
+        *self.last.lock().unwrap() = Some((path.to_owned(), 0));
+        Ok(Box::new(SyncedFile {
+            inner,
+            written: 0,
+            last: self.last.clone(),
+        }))
+    }
+
+    fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+        Fs.remove(path)
+    }
+}
+
+#[derive(Debug)]
+struct SyncedFile {
+    inner: Box<dyn SegmentFile>,
+    written: u64,
+    last: Arc<std::sync::Mutex<Option<(std::path::PathBuf, u64)>>>,
+}
+
+impl SegmentFile for SyncedFile {
+    fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.written += bytes.len() as u64;
+        self.inner.write_all(bytes)
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.inner.sync()?;
+        if let Some((_, synced)) = self.last.lock().unwrap().as_mut() {
+            *synced = self.written;
+        }
+        Ok(())
+    }
+}
+
 /// One seed: `LIFETIMES` lifetimes on one store.
 async fn simulate(seed: u64) -> Outcome {
-    let mut lossy_shutdowns = 0;
+    let (mut lossy_shutdowns, mut crashes) = (0, 0);
     let mut rng = fastrand::Rng::with_seed(seed);
     let durable = Arc::new(MemoryStore::new());
     let store = Arc::new(FaultyStore::new(durable.clone(), seed));
+    // The node's journal: on tmpfs where there is one (a sync there is
+    // cheap; a crash below keeps only what was synced, and some of the
+    // rest).
+    let journal_dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
+    let disk = Arc::new(SyncedDisk::default());
     let mut clients: Vec<Client> = (0..CLIENTS)
         .map(|c| Client {
             name: format!("seed {seed}, client {c}"),
@@ -1155,11 +1267,45 @@ async fn simulate(seed: u64) -> Outcome {
             },
             store.clone(),
         );
-        // As the application does before it serves (the store may fail).
+        // As the application does before it serves (the store may fail):
+        // the channels, then what the journal holds, journaling from then
+        // on unless write-through.
         while cache.channels().load_stored().await.is_err() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let journaling = !cache_write_delay.is_zero();
+        let mode = match journaling {
+            true => JournalMode::Sync,
+            false => JournalMode::Interval(Duration::from_secs(1)),
+        };
+        let config = JournalConfig::new(journal_dir.path().to_owned(), mode);
+        let (journal, replayed) = Journal::open(config, disk.clone()).expect("journal");
+        if std::env::var_os("SIMULATION_TRACE").is_some() {
+            eprintln!(
+                "lifetime {lifetime}: replayed {} records of {} users from {:?} (torn {} bytes)",
+                replayed.records,
+                replayed.users.len(),
+                replayed.segments,
+                replayed.torn_bytes
+            );
+        }
+        cache.replay(replayed);
+        let journal = Arc::new(journal);
+        if journaling {
+            cache.set_journal(journal.clone());
+        }
+        let trimmer = tokio::spawn({
+            let (journal, cache) = (journal.clone(), cache.clone());
+            async move {
+                let mut trimmer = Trimmer::new(journal);
+                loop {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    trimmer.trim(|| cache.oldest_unwritten());
+                }
+            }
+        });
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+        let crashed = tokio_util::sync::CancellationToken::new();
         let service = Arc::new(ReadStatesService::new(
             cache.clone(),
             ServiceConfig::from(&Config::resolve(Settings {
@@ -1172,25 +1318,77 @@ async fn simulate(seed: u64) -> Outcome {
             .drain(..)
             .enumerate()
             .map(|(c, mut client)| {
-                let (service, cache) = (service.clone(), cache.clone());
+                let (service, cache, crashed) = (service.clone(), cache.clone(), crashed.clone());
                 let first = 1 + c as u64 * 1_000;
                 let users: Vec<u64> = (first..first + USERS_PER_CLIENT).collect();
                 tokio::spawn(async move {
-                    client.run(&service, &cache, &users, OPS_PER_CLIENT).await;
+                    client
+                        .run(&service, &cache, &users, OPS_PER_CLIENT, &crashed)
+                        .await;
                     client
                 })
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(rng.u64(0..3_000))).await;
+        // Now and then (not last) the node crashes instead. Not in
+        // write-through: a change whose write failed there is answered
+        // UNAVAILABLE, "may still land", and is not journaled.
+        if journaling
+            && lifetime + 1 < LIFETIMES
+            && (std::env::var_os("SIMULATION_CRASH_ALWAYS").is_some() || rng.u32(0..3) == 0)
+        {
+            crashed.cancel();
+            for client in running {
+                clients.push(
+                    client
+                        .await
+                        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+                );
+            }
+            // Whatever was answered is synced; what comes after may be lost
+            // in part (a torn tail): changes nobody was answered for, of a
+            // user no client reads.
+            let synced = disk.synced();
+            for message_id in 1..=rng.u64(0..20) {
+                let mut user = readstates::read_state::UserReadStates::default();
+                let key = readstates::read_state::Key::channel(message_id);
+                user.ack(key, message_id, message_id);
+                journal.append(|out| record::append_user(out, UNREAD_USER, 0, user.view()));
+            }
+            write_behind.crash().await;
+            trimmer.abort();
+            // The writer stops (what it writes meanwhile is past `synced`).
+            journal.close(false);
+            drop((cache, service));
+            if let Some((path, synced)) = synced {
+                let written = std::fs::metadata(&path).map_or(0, |m| m.len());
+                if written > synced {
+                    let cut = rng.u64(synced..=written);
+                    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                    file.set_len(cut).unwrap();
+                }
+            }
+            if std::env::var_os("SIMULATION_TRACE").is_some() {
+                eprintln!("lifetime {lifetime}: delay {cache_write_delay:?}, crashed");
+            }
+            crashes += 1;
+            continue;
+        }
         // Now and then the store is down for good when shutdown comes: its
-        // deadline passes, and the report must say what was not written.
-        let store_down = rng.u32(0..5) == 0;
+        // deadline passes, and the report must say what was not written
+        // (the journal keeps it for the next lifetime).
+        let store_down = journaling && rng.u32(0..5) == 0;
         if store_down {
             store.inject(Fault::new(Operation::Write, Effect::Fail));
         }
         let deadline = Duration::from_secs(if store_down { 5 } else { 600 });
         let (real, paused) = (std::time::Instant::now(), tokio::time::Instant::now());
         let report = write_behind.shutdown(deadline).await;
+        trimmer.abort();
+        let written = report.unwritten == 0;
+        tokio::task::spawn_blocking(move || journal.close(written))
+            .await
+            .unwrap();
         if std::env::var_os("SIMULATION_TRACE").is_some() {
             eprintln!(
                 "lifetime {lifetime}: delay {:?}, store down {store_down}, shutdown took {:?} real, {:?} paused, report {report:?}",
@@ -1233,6 +1431,8 @@ async fn simulate(seed: u64) -> Outcome {
                     "{}, lifetime {lifetime}: stored channel",
                     client.name
                 );
+            } else if journaling {
+                // Kept by the journal: the next lifetime has it.
             } else if let Some(stored) = stored {
                 client.channels.insert(client.own, stored.clone());
             } else {
@@ -1273,6 +1473,8 @@ async fn simulate(seed: u64) -> Outcome {
                         "{}: stored version of user {user} behind one answered",
                         client.name
                     );
+                } else if journaling {
+                    // Kept by the journal: the next lifetime has it.
                 } else {
                     // Lost, and reported: the next lifetime starts from the
                     // store, with the threads it holds as left.
@@ -1294,6 +1496,7 @@ async fn simulate(seed: u64) -> Outcome {
         lossy_shutdowns += usize::from(report.unwritten > 0);
     }
     Outcome {
+        crashes,
         operations: clients.iter().map(|c| c.operations).sum(),
         streamed: clients.iter().map(|c| c.streamed).sum(),
         unanswered: clients.iter().map(|c| c.unanswered).sum(),
@@ -1337,6 +1540,7 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
                 total.streamed += outcome.streamed;
                 total.unanswered += outcome.unanswered;
                 total.lossy_shutdowns += outcome.lossy_shutdowns;
+                total.crashes += outcome.crashes;
                 total.switched += outcome.switched;
                 total.counted_by_channel += outcome.counted_by_channel;
                 total.followed_threads += outcome.followed_threads;
@@ -1349,7 +1553,7 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
     }
     println!(
         "simulation: {} seeds, {} operations ({} over Apply streams; {} refused or cut \
-         and resolved), {} shutdowns that reported unwritten changes, {} channels switched \
+         and resolved), {} shutdowns that reported unwritten changes, {} crashes, {} channels switched \
          to counting by channel that took {} messages, {} threads followed at the end, \
          in {:.1?}",
         seeds.len(),
@@ -1357,6 +1561,7 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
         total.streamed,
         total.unanswered,
         total.lossy_shutdowns,
+        total.crashes,
         total.switched,
         total.counted_by_channel,
         total.followed_threads,

@@ -568,15 +568,19 @@ impl Shard {
         let unwritten = states.unwritten_count();
         let user = self.record(user_id, states);
         let slot = self.users.insert(user);
+        // A write of the replayed user under way goes on with it (and ends
+        // at its next try if the store held it all already).
+        let in_flight = self.in_flight.contains_key(&user_id);
+        self.users
+            .get_mut(slot)
+            .flags
+            .set(Flags::IN_FLIGHT, in_flight);
         if unwritten > 0 {
             self.adjust_unwritten(unwritten as isize);
             let since = self.ticks(self.replayed_since.unwrap_or_else(Instant::now));
-            // A write of the replayed user under way goes on with it.
-            let in_flight = self.in_flight.contains_key(&user_id);
             let user = self.users.get_mut(slot);
             user.since = since;
             user.flags.set(Flags::UNWRITTEN_SINCE, true);
-            user.flags.set(Flags::IN_FLIGHT, in_flight);
             if !in_flight {
                 user.flags.set(Flags::QUEUED, true);
                 self.ready.push_back(user_id);

@@ -80,12 +80,25 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
                 if stop {
                     return;
                 }
-                std::thread::sleep(RETRY);
+                rest(shared, started + RETRY);
             }
         }
         if let JournalMode::Interval(every) = shared.config.mode {
-            std::thread::sleep(every.saturating_sub(started.elapsed()));
+            rest(shared, started + every);
         }
+    }
+}
+
+/// Waits until `until`, or until the journal closes.
+fn rest(shared: &Shared, until: Instant) {
+    let mut appending = shared.lock_appending();
+    while !appending.stop {
+        let Some(left) = until.checked_duration_since(Instant::now()) else {
+            return;
+        };
+        appending = (shared.appended_more.wait_timeout(appending, left))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
     }
 }
 

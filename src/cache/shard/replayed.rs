@@ -62,7 +62,14 @@ impl Shard {
 
     /// [`Shard::begin_write`] of a user held only as a replayed write.
     pub(super) fn begin_replayed_write(&mut self, user_id: u64, retry: bool) -> Option<UserWrite> {
-        let write = self.replayed.get(&user_id)?;
+        let Some(write) = self.replayed.get(&user_id) else {
+            // Taken by a load since the last try, which lays it over the
+            // user and queues it: this write ends.
+            if retry {
+                self.in_flight.remove(&user_id);
+            }
+            return None;
+        };
         if self.in_flight.contains_key(&user_id) != retry {
             return None;
         }
