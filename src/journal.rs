@@ -172,6 +172,9 @@ struct Appending {
     buffer: Vec<u8>,
     records: u64,
     stop: bool,
+    /// The writer waits for appends: the next one wakes it (a wake is a
+    /// system call, not paid on every append).
+    writer_waiting: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -275,8 +278,9 @@ impl Journal {
         appending.records += 1;
         let added = (appending.buffer.len() - before) as u64;
         self.shared.appended.fetch_add(added, Ordering::Release);
+        let wake = std::mem::take(&mut appending.writer_waiting);
         drop(appending);
-        if self.mode == JournalMode::Sync {
+        if wake {
             self.shared.appended_more.notify_one();
         }
     }

@@ -110,11 +110,12 @@ fn next_batch(shared: &Shared, retrying: bool) -> (Vec<u8>, u64, u64, bool) {
     if appending.buffer.is_empty() && !appending.stop && !retrying {
         appending = match shared.config.mode {
             JournalMode::Sync => {
-                shared
-                    .appended_more
-                    .wait_timeout(appending, IDLE)
+                appending.writer_waiting = true;
+                let mut appending = (shared.appended_more.wait_timeout(appending, IDLE))
                     .unwrap_or_else(|p| p.into_inner())
-                    .0
+                    .0;
+                appending.writer_waiting = false;
+                appending
             }
             // The interval's sleep is the wait.
             _ => appending,
