@@ -294,7 +294,7 @@ mod release {
     use super::*;
     use crate::channel_state::NoChannels;
     use crate::ownership::{Ownership, SlotState};
-    use crate::store::StoredUser;
+    use crate::store::faulty::SlowFirstLoad;
     use crate::watch::{Event, Feed};
     use crate::write_behind::{WriteBehind, WriteBehindConfig};
     use readstates_routing::slot_of;
@@ -378,62 +378,9 @@ mod release {
         write_behind.shutdown(Duration::from_secs(1)).await;
     }
 
-    /// A store whose first load of `user` reads, then waits to be let go:
-    /// what it returns is what the store held when the load began.
-    #[derive(Debug)]
-    struct SlowFirstLoad {
-        inner: MemoryStore,
-        user: u64,
-        first: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
-    }
-
-    impl SlowFirstLoad {
-        fn of(user: u64) -> (Arc<SlowFirstLoad>, tokio::sync::oneshot::Sender<()>) {
-            let (go, wait) = tokio::sync::oneshot::channel();
-            let store = SlowFirstLoad {
-                inner: MemoryStore::new(),
-                user,
-                first: tokio::sync::Mutex::new(Some(wait)),
-            };
-            (Arc::new(store), go)
-        }
-    }
-
-    #[async_trait::async_trait]
-    impl Store for SlowFirstLoad {
-        fn name(&self) -> &'static str {
-            "slow first load"
-        }
-        async fn load(&self, user_id: u64) -> Result<StoredUser, crate::store::StoreError> {
-            let read = self.inner.load(user_id).await;
-            if user_id != self.user {
-                return read;
-            }
-            let wait = self.first.lock().await.take();
-            if let Some(wait) = wait {
-                let _ = wait.await;
-            }
-            read
-        }
-        async fn write(&self, write: &UserWrite) -> Result<(), crate::store::StoreError> {
-            self.inner.write(write).await
-        }
-        async fn load_channels(
-            &self,
-        ) -> Result<Vec<crate::channel_state::ChannelState>, crate::store::StoreError> {
-            self.inner.load_channels().await
-        }
-        async fn write_channel(
-            &self,
-            channel: &crate::channel_state::ChannelState,
-        ) -> Result<(), crate::store::StoreError> {
-            self.inner.write_channel(channel).await
-        }
-    }
-
     #[tokio::test]
     async fn a_load_across_a_move_away_and_back_is_not_kept() {
-        let (store, go) = SlowFirstLoad::of(1);
+        let (store, go) = SlowFirstLoad::of(Arc::new(MemoryStore::new()), 1);
         let cache = member(store.clone(), &[1]);
         let read = tokio::spawn({
             let cache = cache.clone();
@@ -464,7 +411,7 @@ mod release {
     /// the change then applied to (and unpinned) a copy it never pinned.
     #[tokio::test]
     async fn a_change_whose_pinned_user_was_let_go_meanwhile_applies_nothing() {
-        let (store, go) = SlowFirstLoad::of(2);
+        let (store, go) = SlowFirstLoad::of(Arc::new(MemoryStore::new()), 2);
         let cache = member(store.clone(), &[1, 2]);
         assert_eq!(last_acked(&cache, 1, 5).await, None);
         let change = tokio::spawn({

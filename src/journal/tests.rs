@@ -9,7 +9,7 @@ use super::disk::{Disk, Fs};
 use super::*;
 use crate::cache::{Cache, CacheConfig};
 use crate::read_state::Key;
-use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use crate::store::faulty::{Effect, Fault, FaultyStore, Operation, SlowFirstLoad};
 use crate::store::{Store, UserWrite};
 use crate::write_behind::{WriteBehind, WriteBehindConfig};
 
@@ -186,6 +186,13 @@ async fn last_acked(cache: &Arc<Cache>, user_id: u64, channel_id: u64) -> Option
         .unwrap()
 }
 
+/// What the store holds as `user_id`'s last ack of `channel_id`.
+async fn stored_ack(store: &Arc<dyn Store>, user_id: u64, channel_id: u64) -> Option<u64> {
+    let user = store.load(user_id).await.unwrap();
+    let user = user.into_user(crate::clock::now_micros());
+    user.get(Key::channel(channel_id)).map(|s| s.last_acked_id)
+}
+
 fn cache_config() -> CacheConfig {
     CacheConfig {
         shards: 2,
@@ -274,66 +281,9 @@ async fn a_crash_loses_no_journaled_change_and_the_replay_is_written_behind() {
     let report = write_behind.shutdown(Duration::from_secs(5)).await;
     assert_eq!(report.unwritten, 0);
     journal.close(true);
-    let user = store
-        .load(2)
-        .await
-        .unwrap()
-        .into_user(crate::clock::now_micros());
-    assert_eq!(
-        user.get(Key::channel(10)).map(|s| s.last_acked_id),
-        Some(300)
-    );
-    let user = store
-        .load(1)
-        .await
-        .unwrap()
-        .into_user(crate::clock::now_micros());
-    assert_eq!(
-        user.get(Key::channel(10)).map(|s| s.last_acked_id),
-        Some(100)
-    );
+    assert_eq!(stored_ack(&store, 2, 10).await, Some(300));
+    assert_eq!(stored_ack(&store, 1, 10).await, Some(100));
     assert_eq!(segment_files(dir.path()), 0, "emptied once all is written");
-}
-
-/// A store whose loads read at once but answer only once released: a load
-/// that read the store before a write landed answers after it.
-#[derive(Debug)]
-struct HeldLoads {
-    inner: Arc<dyn Store>,
-    released: tokio::sync::Semaphore,
-}
-
-#[async_trait::async_trait]
-impl Store for HeldLoads {
-    fn name(&self) -> &'static str {
-        "held-loads"
-    }
-
-    async fn load(
-        &self,
-        user_id: u64,
-    ) -> Result<crate::store::StoredUser, crate::store::StoreError> {
-        let read = self.inner.load(user_id).await;
-        let _ = self.released.acquire().await.map(|p| p.forget());
-        read
-    }
-
-    async fn write(&self, write: &UserWrite) -> Result<(), crate::store::StoreError> {
-        self.inner.write(write).await
-    }
-
-    async fn load_channels(
-        &self,
-    ) -> Result<Vec<crate::channel_state::ChannelState>, crate::store::StoreError> {
-        self.inner.load_channels().await
-    }
-
-    async fn write_channel(
-        &self,
-        channel: &crate::channel_state::ChannelState,
-    ) -> Result<(), crate::store::StoreError> {
-        self.inner.write_channel(channel).await
-    }
 }
 
 #[tokio::test]
@@ -349,10 +299,7 @@ async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_rep
         drop(cache);
         drop(journal);
     }
-    let store = Arc::new(HeldLoads {
-        inner: memory.clone(),
-        released: tokio::sync::Semaphore::new(0),
-    });
+    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
     let (cache, journal) = journaled_cache(dir.path(), store.clone());
     let read = tokio::spawn({
         let cache = cache.clone();
@@ -363,7 +310,7 @@ async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_rep
     // Write-behind may write the replayed user meanwhile (the load holds
     // its changes now, so it waits for the load).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    store.released.add_permits(1_000);
+    go.send(()).unwrap();
     assert_eq!(read.await.unwrap(), Some(100));
     write_behind.shutdown(Duration::from_secs(5)).await;
     journal.close(true);

@@ -289,3 +289,60 @@ impl Store for FaultyStore {
         result
     }
 }
+
+/// A store whose first load of `user` reads, then waits to be let go: what
+/// it returns is what the store held when the load began (a load racing a
+/// write that lands meanwhile).
+#[derive(Debug)]
+pub struct SlowFirstLoad {
+    inner: Arc<dyn Store>,
+    user: u64,
+    first: tokio::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+}
+
+impl SlowFirstLoad {
+    /// The store over `inner`, and what lets its first load of `user` go.
+    pub fn of(
+        inner: Arc<dyn Store>,
+        user: u64,
+    ) -> (Arc<SlowFirstLoad>, tokio::sync::oneshot::Sender<()>) {
+        let (go, wait) = tokio::sync::oneshot::channel();
+        let store = SlowFirstLoad {
+            inner,
+            user,
+            first: tokio::sync::Mutex::new(Some(wait)),
+        };
+        (Arc::new(store), go)
+    }
+}
+
+#[async_trait]
+impl Store for SlowFirstLoad {
+    fn name(&self) -> &'static str {
+        "slow first load"
+    }
+
+    async fn load(&self, user_id: u64) -> Result<StoredUser, StoreError> {
+        let read = self.inner.load(user_id).await;
+        if user_id != self.user {
+            return read;
+        }
+        let wait = self.first.lock().await.take();
+        if let Some(wait) = wait {
+            let _ = wait.await;
+        }
+        read
+    }
+
+    async fn write(&self, write: &UserWrite) -> Result<(), StoreError> {
+        self.inner.write(write).await
+    }
+
+    async fn load_channels(&self) -> Result<Vec<ChannelState>, StoreError> {
+        self.inner.load_channels().await
+    }
+
+    async fn write_channel(&self, channel: &ChannelState) -> Result<(), StoreError> {
+        self.inner.write_channel(channel).await
+    }
+}

@@ -123,8 +123,17 @@ async fn missing_acks(store: &CassandraStore, ledger: &Ledger, cut: Instant) -> 
 
 async fn crash_under_load(write_delay: &str) -> (usize, usize, Duration) {
     let store = store().await;
+    let (ledger, crashed_at) = crash_during_load(&["--write-delay", write_delay]).await;
+    let acknowledged = ledger.acks.values().map(Vec::len).sum();
+    let (missing, oldest) = missing_acks(&store, &ledger, crashed_at).await;
+    (acknowledged, missing, oldest)
+}
+
+/// A server started with `args`, killed 4 s into a load of acks: what
+/// was acknowledged, and when the kill came.
+async fn crash_during_load(args: &[&str]) -> (Ledger, Instant) {
     let first = fresh_users(USERS);
-    let server = Server::start(&nodes(), &["--write-delay", write_delay]);
+    let server = Server::start(&nodes(), args);
     let never = Arc::new(AtomicU64::new(0));
     let crash = async {
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -133,10 +142,7 @@ async fn crash_under_load(write_delay: &str) -> (usize, usize, Duration) {
         at
     };
     // Clients keep sending until the crash cuts them off.
-    let (ledger, crashed_at) = tokio::join!(load(&server, first, never), crash);
-    let acknowledged = ledger.acks.values().map(Vec::len).sum();
-    let (missing, oldest) = missing_acks(&store, &ledger, crashed_at).await;
-    (acknowledged, missing, oldest)
+    tokio::join!(load(&server, first, never), crash)
 }
 
 #[tokio::test]
@@ -165,19 +171,9 @@ async fn a_crash_loses_nothing_with_the_journal() {
     let journal = tempfile::tempdir().unwrap();
     let dir = journal.path().display().to_string();
     let args = ["--write-delay", "30s", "--journal-dir", &dir];
-    let first = fresh_users(USERS);
-    let server = Server::start(&nodes(), &args);
-    let never = Arc::new(AtomicU64::new(0));
-    let crash = async {
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        let at = Instant::now();
-        server.crash();
-        at
-    };
-    let (ledger, crashed_at) = tokio::join!(load(&server, first, never), crash);
+    let (ledger, crashed_at) = crash_during_load(&args).await;
     let acknowledged: usize = ledger.acks.values().map(Vec::len).sum();
     let (before, _) = missing_acks(&store, &ledger, crashed_at).await;
-    drop(server);
 
     let server = Server::start(&nodes(), &args);
     let replayed = server.logged("journal replayed");
