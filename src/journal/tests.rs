@@ -345,3 +345,46 @@ fn the_entries_of_a_group_are_one_frame_kept_or_cut_whole() {
     let (_, replayed) = Journal::open(config(dir.path()), Arc::new(Fs)).unwrap();
     assert_eq!(replayed.records, 0, "a part of a group was kept");
 }
+
+#[tokio::test]
+async fn a_replayed_write_retried_after_a_load_found_it_all_stored_ends() {
+    // Found by the simulation ("a write left in flight"): the load took
+    // the replayed changes while their write was backing off, found the
+    // store holding them all, and cached the user without the write's
+    // in-flight mark; the retry was then refused for good.
+    let dir = tempfile::tempdir().unwrap();
+    let memory: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    {
+        let (cache, journal) = journaled_cache(dir.path(), memory.clone());
+        ack(&cache, 1, 10, 100).await;
+        drop(cache);
+        drop(journal);
+    }
+    // The store holds it already, newer.
+    let mut stored = crate::read_state::UserReadStates::default();
+    stored.ack(
+        Key::channel(10),
+        100,
+        crate::clock::now_micros() + 1_000_000,
+    );
+    memory.write(&UserWrite::of(1, &stored)).await.unwrap();
+    let store = Arc::new(FaultyStore::new(memory.clone(), 1));
+    store.inject(Fault::new(Operation::Write, Effect::Fail).user(1).times(1));
+    let (cache, journal) = journaled_cache(dir.path(), store.clone());
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    while store.failed_writes() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Backing off: the load takes the replayed changes.
+    assert_eq!(last_acked(&cache, 1, 10).await, Some(100));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while cache.writes_in_flight() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the retry never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    write_behind.shutdown(Duration::from_secs(5)).await;
+    journal.close(true);
+}
