@@ -17,6 +17,15 @@ use prost::Message;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpSocket, TcpStream};
 
+/// How much framing overhead of unread small DATA frames h2 tolerates before
+/// it ends the connection itself (ENHANCE_YOUR_CALM, "too_many_data_frames").
+/// h2's own default follows the connection window: half of 64 KiB here, about
+/// 145 unread answers of 30 bytes, so a test task that fell behind its
+/// connection's task on a busy host lost the connection to its own client
+/// (a CI run of the subscribe burst did, after 57,935 answers). A tonic client
+/// (hyper's 5 MiB connection window) tolerates 2.5 MiB; so does this one.
+const SMALL_FRAME_BUDGET: usize = 5 << 19;
+
 /// A connection whose streams each take at most `stream_window` bytes ahead
 /// of what the test reads, until [`open_windows`] says otherwise.
 pub async fn connect(addr: SocketAddr, stream_window: u32) -> SendRequest<Bytes> {
@@ -33,6 +42,7 @@ pub async fn connect_with_windows(
     let tcp = TcpStream::connect(addr).await.expect("connect");
     let (client, mut connection) = h2::client::Builder::new()
         .initial_window_size(stream_window)
+        .data_frame_budget(SMALL_FRAME_BUDGET)
         .handshake(tcp)
         .await
         .expect("HTTP/2 handshake");
