@@ -25,6 +25,7 @@ use linger::{LINGER, Lingering};
 
 use crate::cache::{Cache, CacheConfig};
 use crate::cluster::copier::Copier;
+use crate::cluster::lease::Holder;
 use crate::cluster::member::{Member, MemberConfig};
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::presence::Presence;
@@ -256,13 +257,13 @@ impl Application {
             }),
             _ => None,
         };
-        let (fleet, follower, copier, ready) =
+        let (fleet, follower, copier, ready, lease) =
             match (ring_store, &config.node_id, config.fleet_credential()) {
                 (Some(ring_store), Some(node_id), Some(credential)) => {
                     let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
                     let member = Member::new(
                         node_id.clone(),
-                        ring_store,
+                        ring_store.clone(),
                         cache.clone(),
                         peers.clone(),
                         MemberConfig {
@@ -271,6 +272,10 @@ impl Application {
                         },
                     );
                     let follower = member.start(stop.clone());
+                    // Stopped last, once nothing is served (see `Running::stop`).
+                    let lease_stop = CancellationToken::new();
+                    let holder = Holder::new(ring_store, member.clone(), config.lease());
+                    let lease = (lease_stop.clone(), tokio::spawn(holder.run(lease_stop)));
                     // Ready once the ring is read: before, every request would
                     // be refused as another node's (Kubernetes sends none
                     // until then).
@@ -289,9 +294,16 @@ impl Application {
                         copier,
                     };
                     service = service.routed(router.clone());
-                    (Some(router), Some(follower), Some(copying), Some(ready))
+                    let lease = Some(lease);
+                    (
+                        Some(router),
+                        Some(follower),
+                        Some(copying),
+                        Some(ready),
+                        lease,
+                    )
                 }
-                _ => (None, None, None, None),
+                _ => (None, None, None, None, None),
             };
         let read_states = ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES);
         let fleet = fleet.map(|router| {
@@ -371,6 +383,7 @@ impl Application {
             tls_reloader,
             journal,
             trimmer,
+            lease,
         })
     }
 }
@@ -411,6 +424,9 @@ pub struct Running {
     journal: Option<Arc<Journal>>,
     /// Deletes what the store holds from the journal, stopped with `stop`.
     trimmer: Option<JoinHandle<()>>,
+    /// A fleet node's lease, renewed until everything is written, then
+    /// released.
+    lease: Option<(CancellationToken, JoinHandle<()>)>,
 }
 
 impl Running {
@@ -491,6 +507,10 @@ impl Running {
             // Kept whole if something is unwritten: the next start replays it.
             let written = report.unwritten == 0;
             tokio::task::spawn_blocking(move || journal.close(written)).await?;
+        }
+        if let Some((stop, holder)) = self.lease.take() {
+            stop.cancel();
+            let _ = holder.await;
         }
         // The last bytes of the last connections reach their clients only
         // while their sockets stay open (see `linger`), meanwhile the

@@ -248,6 +248,7 @@ impl Cache {
         let (result, write) = applied?;
         self.write_through(write.into_iter().collect()).await?;
         self.journaled().await?;
+        self.still_leased()?;
         Ok(result)
     }
 
@@ -397,6 +398,7 @@ impl Cache {
         pins.let_go();
         self.write_through(writes).await?;
         self.journaled().await?;
+        self.still_leased()?;
         Ok((first, results))
     }
 
@@ -640,6 +642,15 @@ impl Cache {
         match self.ownership.state_of(user_id) {
             SlotState::Serving => Ok(()),
             state => Err(Error::NotServed { user_id, state }),
+        }
+    }
+
+    /// Whether a change applied here may still be answered OK: the lease
+    /// it was applied under has not lapsed since (see `crate::ownership`).
+    fn still_leased(&self) -> Result<(), Error> {
+        match self.ownership.leased() {
+            true => Ok(()),
+            false => Err(Error::LeaseLapsed),
         }
     }
 

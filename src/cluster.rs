@@ -9,6 +9,8 @@
 //!   over ([`handoff`]), then acquires gained ones from their previous
 //!   owners ([`peers`]). It drives the cache and the slots' states
 //!   ([`crate::ownership`]), which sit below it.
+//! - [`lease`]: a node serves only while it holds a lease it renews; one
+//!   frozen or cut off stops serving before anyone may take its slots.
 //! - [`credential`]: how the nodes prove to each other that they are.
 //! - [`copier`]: a channel counted by channel's owner sends its state to
 //!   every node.
@@ -17,6 +19,7 @@ pub mod admin;
 pub mod copier;
 pub mod credential;
 pub mod handoff;
+pub mod lease;
 pub mod member;
 pub mod peers;
 pub mod presence;

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::credential::{FleetCredential, MIN_SECRET_BYTES};
+use crate::cluster::lease::LeaseConfig;
 use crate::journal::{JournalConfig, JournalMode};
 use crate::store::cassandra::CassandraConfig;
 use crate::tls::TlsFiles;
@@ -92,6 +93,11 @@ pub enum RingAction {
         /// Required: the node's unwritten changes are given up.
         #[arg(long)]
         force: bool,
+        /// Releases them even while the node renews its lease (it may then
+        /// serve them too, until it sees the lease revoked): only when the
+        /// node is known dead and its lease record is not to be waited for.
+        #[arg(long)]
+        ignore_lease: bool,
     },
 }
 
@@ -390,6 +396,19 @@ settings! {
     #[arg(long, env = "READSTATES_RING_POLL", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     ring_poll: Duration = Duration::from_secs(1);
+    /// A fleet node serves only while it holds a lease this long, renewed
+    /// in the ring store every quarter of it: one frozen or cut off from
+    /// the store stops serving within it (see docs/failover.md).
+    #[arg(long, env = "READSTATES_LEASE", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    lease: Duration = Duration::from_secs(3);
+    /// What others add to `lease` before they may take an unrenewed lease
+    /// (`readstates ring release --force` waits `lease + lease_margin`):
+    /// covers clock-rate drift and a change's last check. Every node and
+    /// the `ring` command must use the same values.
+    #[arg(long, env = "READSTATES_LEASE_MARGIN", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    lease_margin: Duration = Duration::from_secs(1);
     /// A fleet node adds itself to the ring at this weight when it is not
     /// in it, and takes back the weight it had when it drained itself (see
     /// `drain_timeout`). Unset: only `readstates ring` changes the ring.
@@ -501,6 +520,9 @@ impl Config {
             if self.ring_poll.is_zero() {
                 return refuse("ring_poll must be above 0");
             }
+            if self.lease < Duration::from_millis(100) || self.lease_margin.is_zero() {
+                return refuse("lease must be at least 100ms, and lease_margin above 0");
+            }
             match &self.fleet_secret {
                 None => {
                     return refuse(
@@ -546,6 +568,14 @@ impl Config {
             );
         }
         Ok(())
+    }
+
+    /// The fleet's lease settings.
+    pub fn lease(&self) -> LeaseConfig {
+        LeaseConfig {
+            duration: self.lease,
+            margin: self.lease_margin,
+        }
     }
 
     /// The journal's settings, if changes are journaled: not in

@@ -62,6 +62,12 @@ pub enum Error {
         user_id: u64,
         state: crate::ownership::SlotState,
     },
+    /// This node's lease on its slots lapsed between a change's check and
+    /// its answer (a freeze, or the ring store out of reach): another node
+    /// may take its users, so the change is not answered OK. Retrying it
+    /// counts nothing twice.
+    #[error("this node's lease on its slots lapsed before the change was answered; retry")]
+    LeaseLapsed,
     /// A Watch subscription of a user served by another node could not be
     /// sent there (the node is down or left the ring).
     #[error("user {user_id}'s owner {owner} could not be reached; subscribe again")]
@@ -139,6 +145,7 @@ impl Error {
             | Error::ShuttingDown
             | Error::JournalFailed { .. }
             | Error::NotServed { .. }
+            | Error::LeaseLapsed
             | Error::Unrelayed { .. }
             | Error::ChannelNotOwned { .. }
             | Error::SwitchNotCopied { .. } => Code::Unavailable,

@@ -63,6 +63,11 @@ pub const JOURNAL_SYNC_DURATION: &str = "readstates_journal_sync_duration_second
 pub const JOURNAL_FAILURES: &str = "readstates_journal_failures_total";
 pub const JOURNAL_HEALTHY: &str = "readstates_journal_healthy";
 pub const JOURNAL_SEGMENTS: &str = "readstates_journal_segments";
+/// Whether this fleet node holds its lease (1) and may serve its slots.
+pub const LEASE_HELD: &str = "readstates_lease_held";
+/// Tries to renew or take this node's lease, by `result`: `applied`,
+/// `lost` (revoked or taken by another incarnation), `failed` (no answer).
+pub const LEASE_RENEWALS: &str = "readstates_lease_renewals_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 

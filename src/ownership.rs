@@ -12,14 +12,21 @@
 //! slot that moved away and back while a load was under way never caches
 //! what the store held before the move.
 //!
+//! A fleet node serves its slots only while it holds its lease (see
+//! `cluster::lease`): past the lease's deadline, on the clock at the
+//! instant of the check, a `Serving` slot reads as `Fenced`. So a node that
+//! wakes from a freeze refuses even the requests already in its socket
+//! before any task of its own has run.
+//!
 //! The states are atomics, read without a lock by every request. What makes
 //! a check and its change one critical section is the change gate of the
 //! cache (see `cache::gate`): the node flips slots, then waits on the gate's
 //! barrier for every change that might have seen them served.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use readstates_routing::{SLOTS, Slot, slot_of};
+use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -28,6 +35,9 @@ pub enum SlotState {
     Serving = 1,
     Releasing = 2,
     Acquiring = 3,
+    /// Serving, but the lease lapsed: refused, naming no owner. Never
+    /// stored: what `Serving` reads as past the lease.
+    Fenced = 4,
 }
 
 impl SlotState {
@@ -46,6 +56,7 @@ impl SlotState {
             SlotState::Serving => "serving",
             SlotState::Releasing => "releasing",
             SlotState::Acquiring => "acquiring",
+            SlotState::Fenced => "fenced",
         }
     }
 }
@@ -54,6 +65,10 @@ impl SlotState {
 pub struct Ownership {
     states: Box<[AtomicU8]>,
     generations: Box<[AtomicU32]>,
+    /// Until when `Serving` slots are served: nanoseconds since `base`
+    /// (`u64::MAX`: for good).
+    lease_until: AtomicU64,
+    base: Instant,
 }
 
 /// A user's slot as a load saw it when it began.
@@ -66,22 +81,51 @@ pub struct LoadTicket {
 impl Ownership {
     /// A standalone node: every slot served, for good.
     pub fn standalone() -> Ownership {
-        Ownership::with(SlotState::Serving)
+        Ownership::with(SlotState::Serving, u64::MAX)
     }
 
-    /// A node of a fleet before it has read the ring: nothing served.
+    /// A node of a fleet before it has read the ring and taken its lease:
+    /// nothing served.
     pub fn member() -> Ownership {
-        Ownership::with(SlotState::NotOwner)
+        Ownership::with(SlotState::NotOwner, 0)
     }
 
-    fn with(state: SlotState) -> Ownership {
+    fn with(state: SlotState, lease_until: u64) -> Ownership {
         Ownership {
             states: (0..SLOTS).map(|_| AtomicU8::new(state as u8)).collect(),
             generations: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
+            lease_until: AtomicU64::new(lease_until),
+            base: Instant::now(),
         }
     }
 
+    /// Serves the `Serving` slots until `until` (`None`: for good, as a
+    /// fleet simulated without leases).
+    pub fn lease(&self, until: Option<Instant>) {
+        let until = until.map_or(u64::MAX, |until| {
+            let nanos = until.saturating_duration_since(self.base).as_nanos();
+            u64::try_from(nanos).unwrap_or(u64::MAX - 1)
+        });
+        self.lease_until.store(until, Ordering::SeqCst);
+    }
+
+    /// Whether the lease is held now.
+    pub fn leased(&self) -> bool {
+        let until = self.lease_until.load(Ordering::SeqCst);
+        until == u64::MAX || (self.base.elapsed().as_nanos() as u64) < until
+    }
+
+    /// The state of `slot` as requests see it: `Fenced` when served but
+    /// past the lease.
     pub fn state(&self, slot: Slot) -> SlotState {
+        match self.assigned(slot) {
+            SlotState::Serving if !self.leased() => SlotState::Fenced,
+            state => state,
+        }
+    }
+
+    /// The state of `slot` as the ring's follower set it, lease or not.
+    pub fn assigned(&self, slot: Slot) -> SlotState {
         SlotState::from_u8(self.states[usize::from(slot)].load(Ordering::SeqCst))
     }
 
@@ -93,7 +137,8 @@ impl Ownership {
     /// Moves `slot` to `state`; to `Serving` in a new generation.
     pub fn set(&self, slot: Slot, state: SlotState) {
         let index = usize::from(slot);
-        if state == SlotState::Serving && self.state(slot) != SlotState::Serving {
+        debug_assert_ne!(state, SlotState::Fenced, "never stored");
+        if state == SlotState::Serving && self.assigned(slot) != SlotState::Serving {
             self.generations[index].fetch_add(1, Ordering::SeqCst);
         }
         self.states[index].store(state as u8, Ordering::SeqCst);
@@ -134,6 +179,7 @@ mod tests {
     #[test]
     fn a_load_is_kept_only_in_the_generation_it_began() {
         let ownership = Ownership::member();
+        ownership.lease(None);
         let user = 42;
         let slot = slot_of(user);
         ownership.set(slot, SlotState::Serving);

@@ -18,8 +18,13 @@ pub async fn run(config: &Config, action: RingAction) -> Result<(), BoxError> {
             print!("{}", describe(&record, &store.progress().await?));
             return Ok(());
         }
-        RingAction::Release { node, force } => {
-            let slots = release(&store, &node, force).await?;
+        RingAction::Release {
+            node,
+            force,
+            ignore_lease,
+        } => {
+            let lease = (!ignore_lease).then(|| config.lease());
+            let slots = release(&store, &node, force, lease).await?;
             println!("{node}: {slots} slots released; their new owners serve them from the store");
             return Ok(());
         }

@@ -130,11 +130,8 @@ impl SimNode {
         ring: &Arc<MemoryRingStore>,
         peers: &Arc<SimPeers>,
     ) -> SimNode {
-        let cache = Cache::with_ownership(
-            config,
-            store.clone() as Arc<dyn Store>,
-            Arc::new(Ownership::member()),
-        );
+        let cache =
+            Cache::with_ownership(config, store.clone() as Arc<dyn Store>, unleased_member());
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
         let member = Member::new(
             id.to_owned(),
@@ -1177,7 +1174,7 @@ async fn a_slot_is_served_by_its_new_owner_only_once_its_handoff_is_complete() {
                 ..CacheConfig::default()
             },
             store.clone() as Arc<dyn Store>,
-            Arc::new(Ownership::member()),
+            unleased_member(),
         );
         let member = Member::new(
             id.to_owned(),
@@ -1242,4 +1239,12 @@ async fn a_slot_is_served_by_its_new_owner_only_once_its_handoff_is_complete() {
     }
     assert_eq!(store.loads(), loads, "served from what was handed over");
     stop.cancel();
+}
+
+/// A fleet node's slots, served without a lease: leases are not simulated
+/// here (their tests are in `cluster::lease` and the API tests).
+fn unleased_member() -> Arc<Ownership> {
+    let ownership = Arc::new(Ownership::member());
+    ownership.lease(None);
+    ownership
 }

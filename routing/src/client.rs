@@ -355,9 +355,20 @@ pub fn is_cut(status: &Status) -> bool {
     status.code() == Code::Cancelled && status.metadata().is_empty()
 }
 
+/// HTTP/2 PINGs on every channel to a node, so that a frozen node (its
+/// socket open, nothing answered) fails the calls sent to it within
+/// seconds, and they are retried elsewhere, instead of waiting for TCP.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
 fn endpoint(address: &str) -> Result<Endpoint, Status> {
     Endpoint::from_shared(format!("http://{address}"))
-        .map(|e| e.tcp_nodelay(true))
+        .map(|e| {
+            e.tcp_nodelay(true)
+                .http2_keep_alive_interval(KEEPALIVE_EVERY)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|e| Status::invalid_argument(format!("address {address}: {e}")))
 }
 

@@ -302,6 +302,7 @@ mod release {
     /// A member cache serving the slots of `served` only.
     fn member(store: Arc<dyn Store>, served: &[u64]) -> Arc<Cache> {
         let ownership = Arc::new(Ownership::member());
+        ownership.lease(None);
         for &user_id in served {
             ownership.set(slot_of(user_id), SlotState::Serving);
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use readstates_routing::ring::NO_OWNER;
 use readstates_routing::{Node, RingError};
 
+use super::lease::{self, LeaseConfig, Seen};
 use super::ring_store::{RingRecord, RingStore};
 use crate::store::StoreError;
 
@@ -55,6 +56,12 @@ pub enum AdminError {
         slots: usize,
         epoch: u64,
     },
+    #[error(
+        "{node} renewed its lease within the last {within:?}: it is running and serves its \
+         slots. Stop it, or drain it; `--ignore-lease` releases them anyway (two nodes may then \
+         serve them until it sees its lease revoked)"
+    )]
+    LeaseLive { node: String, within: Duration },
     #[error("epoch {epoch} not served after {after:?}: waiting on {waiting}", waiting = .waiting.join(", "))]
     StillWaiting {
         epoch: u64,
@@ -112,8 +119,15 @@ pub async fn operator_change(
 }
 
 /// Declares `node`'s moving slots of the current epoch released, so their
-/// new owners stop waiting for it; only with `force`. Returns how many.
-pub async fn release(store: &dyn RingStore, node: &str, force: bool) -> Result<usize, AdminError> {
+/// new owners stop waiting for it; only with `force`, and only once its
+/// lease is seen lapsed and is revoked (`lease`; `None`: revoked without
+/// waiting, whatever it is). Returns how many.
+pub async fn release(
+    store: &dyn RingStore,
+    node: &str,
+    force: bool,
+    lease: Option<LeaseConfig>,
+) -> Result<usize, AdminError> {
     let record = store.load().await?;
     let epoch = record.ring.epoch();
     let slots = record
@@ -133,10 +147,43 @@ pub async fn release(store: &dyn RingStore, node: &str, force: bool) -> Result<u
             epoch,
         });
     }
+    fence(store, node, lease).await?;
     if !record.released.contains(node) && !store.release(epoch, node).await? {
         return Err(AdminError::Conflict(epoch + 1));
     }
     Ok(slots)
+}
+
+/// Makes sure `node` serves nothing: its lease seen lapsed, then revoked
+/// (see [`lease::watch`]); with no `lease` settings, revoked at once.
+pub async fn fence(
+    store: &dyn RingStore,
+    node: &str,
+    lease: Option<LeaseConfig>,
+) -> Result<(), AdminError> {
+    let seen = match lease {
+        Some(config) => match lease::watch(store, node, config).await? {
+            Seen::Free(_) => return Ok(()),
+            Seen::Live => {
+                return Err(AdminError::LeaseLive {
+                    node: node.to_owned(),
+                    within: config.lapse(),
+                });
+            }
+            Seen::Lapsed(seen) => seen,
+        },
+        None => match store.lease(node).await? {
+            Some(seen) if seen.held() => seen,
+            _ => return Ok(()),
+        },
+    };
+    match lease::revoke(store, node, &seen).await? {
+        true => Ok(()),
+        false => Err(AdminError::LeaseLive {
+            node: node.to_owned(),
+            within: Duration::ZERO,
+        }),
+    }
 }
 
 /// Waits until every owner of `epoch` serves all its slots.
@@ -321,18 +368,25 @@ mod tests {
             .await
             .unwrap();
         assert!(matches!(
-            release(&store, "b", true).await,
+            release(&store, "b", true, None).await,
             Err(AdminError::NothingToRelease { .. })
         ));
-        let refused = release(&store, "a", false).await;
+        let refused = release(&store, "a", false, None).await;
         assert!(
             matches!(refused, Err(AdminError::ForceRequired { epoch: 2, .. })),
             "{refused:?}"
         );
         assert!(store.load().await.unwrap().released.is_empty());
-        let slots = release(&store, "a", true).await.unwrap();
+        let slots = release(&store, "a", true, Some(LeaseConfig::default()))
+            .await
+            .unwrap();
         assert!(slots > 7000, "{slots}");
-        assert_eq!(release(&store, "a", true).await.unwrap(), slots);
+        assert_eq!(
+            release(&store, "a", true, Some(LeaseConfig::default()))
+                .await
+                .unwrap(),
+            slots
+        );
         let record = store.load().await.unwrap();
         assert!(record.released.contains("a"));
         let shown = describe(&record, &store.progress().await.unwrap());

@@ -275,6 +275,15 @@ impl Member {
         let _ = tokio::time::timeout(within, ring.wait_for(|r| r.ring.epoch() >= epoch)).await;
     }
 
+    /// Waits until this node's releases of `epoch` (or a later one) are
+    /// done: the slots it lost there are no longer its own.
+    pub async fn releases_done(&self, epoch: u64) {
+        // Never closed: the sender lives in `self`.
+        let _ = (self.inner.released.subscribe())
+            .wait_for(|&done| done >= epoch)
+            .await;
+    }
+
     /// Waits until this node has read the ring and adopted it, so that it
     /// routes every request (before, it would refuse them all as not its
     /// own): what its readiness waits for.
@@ -353,7 +362,7 @@ impl Member {
         // them being acquired here.
         let mut gaining: BTreeMap<Option<String>, Vec<Slot>> = BTreeMap::new();
         for slot in (0..SLOTS as Slot).filter(|&s| owned(s)) {
-            if ownership.state(slot) == SlotState::Serving {
+            if ownership.assigned(slot) == SlotState::Serving {
                 continue;
             }
             let from = record.previous.owner(slot).map(|n| n.id.clone());

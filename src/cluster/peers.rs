@@ -13,6 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use readstates_routing::Slot;
 use readstates_routing::apply::{Applier, MAX_BATCH};
+use readstates_routing::client::{KEEPALIVE_EVERY, KEEPALIVE_TIMEOUT};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
@@ -154,7 +155,11 @@ impl GrpcPeers {
         let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| format!("{address}: {e}"))?
             .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A frozen peer is noticed in seconds, not when TCP gives up.
+            .http2_keep_alive_interval(KEEPALIVE_EVERY)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         Ok(match &self.tls {
             Some(tls) => connector::connect_lazy(&endpoint, tls.clone()),
             None => endpoint.connect_lazy(),

@@ -1,5 +1,6 @@
 //! Where the ring is kept: [`RingStore`], a small trait over one record
-//! changed by compare-and-set on its epoch, and each node's progress.
+//! changed by compare-and-set on its epoch, each node's progress, and each
+//! node's lease (see [`crate::cluster::lease`]).
 //!
 //! Implementations: [`cassandra`] (lightweight transactions, production) and
 //! [`memory`] (one process: unit and in-process tests).
@@ -95,4 +96,33 @@ pub trait RingStore: Send + Sync + std::fmt::Debug {
 
     /// Remembers (or, with `None`, forgets) the weight `node` drained from.
     async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError>;
+
+    /// `node`'s lease as last changed (`None`: it never took one).
+    async fn lease(&self, node: &str) -> Result<Option<LeaseRecord>, StoreError>;
+
+    /// Sets `node`'s lease to `next` if it is still `seen` (`None`: no
+    /// record yet); false if it changed meanwhile. Renewing, taking,
+    /// releasing and revoking a lease are all this one compare-and-set.
+    async fn swap_lease(
+        &self,
+        node: &str,
+        seen: Option<&LeaseRecord>,
+        next: &LeaseRecord,
+    ) -> Result<bool, StoreError>;
+}
+
+/// A node's lease on its slots as stored (see `cluster::lease`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// The incarnation holding it; empty once released or revoked.
+    pub holder: String,
+    /// Raised by every change of the record: others time its changes.
+    pub renewals: u64,
+}
+
+impl LeaseRecord {
+    /// Whether an incarnation holds it.
+    pub fn held(&self) -> bool {
+        !self.holder.is_empty()
+    }
 }

@@ -124,11 +124,21 @@ impl Router {
     }
 
     /// The refusal of a request for `user_id`: UNAVAILABLE, with the owner
-    /// and epoch as this node knows them.
+    /// and epoch as this node knows them; no owner from a node past its
+    /// lease, which cannot know who serves the user now.
     pub fn refusal(&self, error: &Error, user_id: u64) -> Status {
         let record = self.member.ring();
         let mut metadata = MetadataMap::new();
-        if let Some(owner) = record.ring.owner(slot_of(user_id))
+        let fenced = matches!(
+            error,
+            Error::LeaseLapsed
+                | Error::NotServed {
+                    state: SlotState::Fenced,
+                    ..
+                }
+        );
+        if !fenced
+            && let Some(owner) = record.ring.owner(slot_of(user_id))
             && let Ok(value) = MetadataValue::try_from(format!("{}@{}", owner.id, owner.address))
         {
             metadata.insert(OWNER, value);

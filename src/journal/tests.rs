@@ -388,3 +388,43 @@ async fn a_replayed_write_retried_after_a_load_found_it_all_stored_ends() {
     write_behind.shutdown(Duration::from_secs(5)).await;
     journal.close(true);
 }
+
+/// Issue 37: a fleet node frozen between applying a change and answering
+/// it may find its lease lapsed, and its users taken, when it wakes. The
+/// change is then not answered OK (UNAVAILABLE: retry), though it was
+/// applied here under a lease that held.
+#[tokio::test]
+async fn a_change_applied_under_the_lease_but_synced_after_it_lapsed_is_not_answered_ok() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let (journal, _) = open(config(dir.path()), disk);
+    let ownership = Arc::new(crate::ownership::Ownership::member());
+    ownership.set(
+        readstates_routing::slot_of(1),
+        crate::ownership::SlotState::Serving,
+    );
+    let lease = tokio::time::Instant::now() + Duration::from_millis(300);
+    ownership.lease(Some(lease));
+    let cache = Cache::with_ownership(cache_config(), Arc::new(FaultyStore::memory()), ownership);
+    cache.set_journal(journal.clone());
+    ack(&cache, 1, 10, 100).await;
+
+    faults.hold();
+    let change = tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            (cache.update(1, |user, now| user.ack(Key::channel(10), 101, now)))
+                .await
+                .map(drop)
+        }
+    });
+    tokio::time::sleep_until(lease + Duration::from_millis(50)).await;
+    faults.release();
+    let answer = change.await.unwrap();
+    assert!(
+        matches!(answer, Err(crate::error::Error::LeaseLapsed)),
+        "{answer:?}"
+    );
+    journal.close(false);
+}

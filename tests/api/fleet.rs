@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::lease::LeaseConfig;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
-use readstates::cluster::ring_store::{RingRecord, RingStore};
+use readstates::cluster::ring_store::{LeaseRecord, RingRecord, RingStore};
 use readstates::grpc::route::{EPOCH, FORWARDED, OWNER};
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::{
@@ -272,7 +273,9 @@ async fn a_dead_owner_holds_its_slots_until_released_by_force() {
             .is_err(),
         "no timeout lets b start early"
     );
-    admin::release(&*ring, "a", true).await.unwrap();
+    admin::release(&*ring, "a", true, Some(LeaseConfig::default()))
+        .await
+        .unwrap();
     served(&ring, 3).await;
     for &user in &users {
         assert_eq!(last_acked(&mut b, user).await, 7, "user {user}");
@@ -554,6 +557,17 @@ impl RingStore for Lagging {
     }
     async fn set_drained_weight(&self, node: &str, weight: Option<u32>) -> Result<(), StoreError> {
         self.ring.set_drained_weight(node, weight).await
+    }
+    async fn lease(&self, node: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        self.ring.lease(node).await
+    }
+    async fn swap_lease(
+        &self,
+        node: &str,
+        seen: Option<&LeaseRecord>,
+        next: &LeaseRecord,
+    ) -> Result<bool, StoreError> {
+        self.ring.swap_lease(node, seen, next).await
     }
 }
 

@@ -14,6 +14,7 @@ mod get_read_states;
 mod handoff;
 mod helpers;
 mod journal;
+mod lease;
 mod message_created;
 mod message_deleted;
 mod operations;

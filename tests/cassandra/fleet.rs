@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::lease::LeaseConfig;
 use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
 use readstates::proto::read_states_client::ReadStatesClient;
@@ -562,7 +563,7 @@ async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only
         let at = Instant::now();
         sender.crash();
         fleet.server(2).resume();
-        admin::release(&*fleet.ring, "n1", true)
+        admin::release(&*fleet.ring, "n1", true, Some(LeaseConfig::default()))
             .await
             .expect("forced release");
         // n2 and n3 serve all their slots (n1, dead, still owns some).

@@ -13,7 +13,7 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::{Consistency, SerialConsistency};
 use scylla::value::{CqlValue, Row};
 
-use super::{RingRecord, RingStore};
+use super::{LeaseRecord, RingRecord, RingStore};
 use crate::store::StoreError;
 use crate::store::cassandra::{CassandraConfig, connect, schema};
 
@@ -33,6 +33,9 @@ pub struct CassandraRingStore {
     progress: PreparedStatement,
     drained: PreparedStatement,
     set_drained: PreparedStatement,
+    lease: PreparedStatement,
+    create_lease: PreparedStatement,
+    swap_lease: PreparedStatement,
 }
 
 impl CassandraRingStore {
@@ -114,6 +117,29 @@ impl CassandraRingStore {
         )
         .await?;
         set_drained.set_is_idempotent(true);
+        let mut lease = prepare(
+            format!("SELECT holder, renewals FROM {keyspace}.ring_leases WHERE node = ?"),
+            false,
+        )
+        .await?;
+        lease.set_consistency(Consistency::Serial);
+        lease.set_is_idempotent(true);
+        let create_lease = prepare(
+            format!(
+                "INSERT INTO {keyspace}.ring_leases (node, holder, renewals) VALUES (?, ?, ?) \
+                 IF NOT EXISTS"
+            ),
+            true,
+        )
+        .await?;
+        let swap_lease = prepare(
+            format!(
+                "UPDATE {keyspace}.ring_leases SET holder = ?, renewals = ? WHERE node = ? \
+                 IF holder = ? AND renewals = ?"
+            ),
+            true,
+        )
+        .await?;
         Ok(CassandraRingStore {
             session,
             load,
@@ -124,6 +150,9 @@ impl CassandraRingStore {
             progress,
             drained,
             set_drained,
+            lease,
+            create_lease,
+            swap_lease,
         })
     }
 
@@ -259,6 +288,44 @@ impl RingStore for CassandraRingStore {
             .await
             .map_err(error)?;
         Ok(())
+    }
+    async fn lease(&self, node: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        let result = self
+            .session
+            .execute_unpaged(&self.lease, (node,))
+            .await
+            .map_err(error)?;
+        let rows = result.into_rows_result().map_err(error)?;
+        let row: Option<(Option<String>, Option<i64>)> = rows.maybe_first_row().map_err(error)?;
+        Ok(row.map(|(holder, renewals)| LeaseRecord {
+            holder: holder.unwrap_or_default(),
+            renewals: renewals.unwrap_or(0) as u64,
+        }))
+    }
+
+    async fn swap_lease(
+        &self,
+        node: &str,
+        seen: Option<&LeaseRecord>,
+        next: &LeaseRecord,
+    ) -> Result<bool, StoreError> {
+        let renewals = next.renewals as i64;
+        match seen {
+            None => {
+                self.transact(&self.create_lease, (node, &next.holder, renewals))
+                    .await
+            }
+            Some(seen) => {
+                let values = (
+                    &next.holder,
+                    renewals,
+                    node,
+                    &seen.holder,
+                    seen.renewals as i64,
+                );
+                self.transact(&self.swap_lease, values).await
+            }
+        }
     }
 }
 

@@ -5,13 +5,16 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{RingRecord, RingStore};
+use super::{LeaseRecord, RingRecord, RingStore};
 use crate::store::StoreError;
 
 #[derive(Debug)]
 pub struct MemoryRingStore {
     state: Mutex<(RingRecord, BTreeMap<String, u64>)>,
     drained: Mutex<BTreeMap<String, u32>>,
+    leases: Mutex<BTreeMap<String, LeaseRecord>>,
+    /// While renewals of a lease fail (a node cut off from the ring store).
+    cut_off: Mutex<std::collections::BTreeSet<String>>,
     /// While true, loads wait (a ring store slow to answer, for tests).
     held: tokio::sync::watch::Sender<bool>,
 }
@@ -21,6 +24,8 @@ impl Default for MemoryRingStore {
         MemoryRingStore {
             state: Mutex::new((RingRecord::empty(), BTreeMap::new())),
             drained: Mutex::default(),
+            leases: Mutex::default(),
+            cut_off: Mutex::default(),
             held: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -30,6 +35,35 @@ impl MemoryRingStore {
     /// Makes loads wait (`true`) until told otherwise.
     pub fn hold_loads(&self, held: bool) {
         self.held.send_replace(held);
+    }
+
+    /// Fails (`true`) or answers again the lease calls about `node`, as a
+    /// node cut off from the ring store would see them.
+    pub fn cut_off(&self, node: &str, cut: bool) {
+        let mut cut_off = self.cut_off.lock().unwrap_or_else(|e| e.into_inner());
+        if cut {
+            cut_off.insert(node.to_owned());
+        } else {
+            cut_off.remove(node);
+        }
+    }
+
+    fn leases(
+        &self,
+        node: &str,
+    ) -> Result<std::sync::MutexGuard<'_, BTreeMap<String, LeaseRecord>>, StoreError> {
+        if self
+            .cut_off
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(node)
+        {
+            return Err(StoreError::new(
+                "memory ring",
+                "cut off from the ring store",
+            ));
+        }
+        Ok(self.leases.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, (RingRecord, BTreeMap<String, u64>)> {
@@ -84,5 +118,23 @@ impl RingStore for MemoryRingStore {
             None => drained.remove(node),
         };
         Ok(())
+    }
+
+    async fn lease(&self, node: &str) -> Result<Option<LeaseRecord>, StoreError> {
+        Ok(self.leases(node)?.get(node).cloned())
+    }
+
+    async fn swap_lease(
+        &self,
+        node: &str,
+        seen: Option<&LeaseRecord>,
+        next: &LeaseRecord,
+    ) -> Result<bool, StoreError> {
+        let mut leases = self.leases(node)?;
+        if leases.get(node) != seen {
+            return Ok(false);
+        }
+        leases.insert(node.to_owned(), next.clone());
+        Ok(true)
     }
 }

@@ -16,7 +16,7 @@ use crate::store::StoreError;
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 9] = [
+const MIGRATIONS: [(&str, &str); 10] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -49,6 +49,10 @@ const MIGRATIONS: [(&str, &str); 9] = [
     (
         "009_lowered.cql",
         include_str!("../../../schema/009_lowered.cql"),
+    ),
+    (
+        "010_leases.cql",
+        include_str!("../../../schema/010_leases.cql"),
     ),
 ];
 
@@ -145,7 +149,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 11);
+        assert_eq!(all.len(), 12);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
@@ -158,6 +162,7 @@ mod tests {
             )
         );
         assert!(all[8].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.channel_states ("));
+        assert!(all[11].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_leases ("));
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 

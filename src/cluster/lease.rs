@@ -1,0 +1,285 @@
+//! This node's lease on its slots (`docs/failover.md`, "Leases"): a fleet
+//! node serves only while it holds a lease it renews in the ring store, so
+//! that a node frozen or cut off from the store stops serving by itself
+//! before anyone may take its slots.
+//!
+//! - [`Holder`] takes this node's lease at start (waiting out an earlier
+//!   incarnation's), renews it every quarter of its duration, and tells the
+//!   slots' [`Ownership`] until when they may be served: the monotonic clock
+//!   read *before* the renewal was sent, plus the lease's duration.
+//! - [`watch`] is the other side: whoever takes a node's slots without its
+//!   release first sees its lease unrenewed for the duration plus the
+//!   margin, on its own clock, then revokes it with [`revoke`], naming the
+//!   record it saw, so that a renewal in between wins.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::{counter, gauge};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::member::Member;
+use super::ring_store::{LeaseRecord, RingStore};
+use crate::metrics::{LEASE_HELD, LEASE_RENEWALS};
+use crate::store::StoreError;
+
+/// How long a lease lasts, and the margin others add before they take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub duration: Duration,
+    /// Covers the clocks' rate drift, a change's last check and the
+    /// observers' poll (see the arithmetic in `docs/failover.md`).
+    pub margin: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            duration: Duration::from_secs(3),
+            margin: Duration::from_secs(1),
+        }
+    }
+}
+
+impl LeaseConfig {
+    /// Between two renewals: a quarter of the lease, so that three may fail
+    /// before it lapses.
+    pub fn renew_every(&self) -> Duration {
+        self.duration / 4
+    }
+
+    /// How long a lease must be seen unrenewed before it may be taken.
+    pub fn lapse(&self) -> Duration {
+        self.duration + self.margin
+    }
+}
+
+/// What [`watch`] saw of a node's lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// Nobody holds it (never taken, released or revoked).
+    Free(Option<LeaseRecord>),
+    /// Unrenewed for [`LeaseConfig::lapse`]: it may be revoked.
+    Lapsed(LeaseRecord),
+    /// Renewed while watched.
+    Live,
+}
+
+/// Watches `node`'s lease for at most [`LeaseConfig::lapse`] (returning as
+/// soon as it is renewed).
+pub async fn watch(
+    store: &dyn RingStore,
+    node: &str,
+    config: LeaseConfig,
+) -> Result<Seen, StoreError> {
+    let since = Instant::now();
+    let first = match store.lease(node).await? {
+        Some(first) if first.held() => first,
+        free => return Ok(Seen::Free(free)),
+    };
+    loop {
+        // Read first, then judge by the time before the read: a renewal
+        // the read missed happened after it began.
+        let before = Instant::now();
+        let now = store.lease(node).await?;
+        if now.as_ref() != Some(&first) {
+            return Ok(Seen::Live);
+        }
+        if before.duration_since(since) >= config.lapse() {
+            return Ok(Seen::Lapsed(first));
+        }
+        tokio::time::sleep(config.renew_every()).await;
+    }
+}
+
+/// Revokes a lease [`watch`] saw lapse; false if it changed since.
+pub async fn revoke(
+    store: &dyn RingStore,
+    node: &str,
+    lapsed: &LeaseRecord,
+) -> Result<bool, StoreError> {
+    let revoked = LeaseRecord {
+        holder: String::new(),
+        renewals: lapsed.renewals + 1,
+    };
+    store.swap_lease(node, Some(lapsed), &revoked).await
+}
+
+/// Holds this node's lease until stopped (see the module's doc).
+#[derive(Debug)]
+pub struct Holder {
+    store: Arc<dyn RingStore>,
+    member: Member,
+    /// This process: a lease held by another incarnation of the node is
+    /// waited out, never taken over while it may be live.
+    incarnation: String,
+    config: LeaseConfig,
+}
+
+impl Holder {
+    pub fn new(store: Arc<dyn RingStore>, member: Member, config: LeaseConfig) -> Holder {
+        Holder {
+            store,
+            member,
+            incarnation: incarnation(),
+            config,
+        }
+    }
+
+    fn node(&self) -> &str {
+        self.member.id()
+    }
+
+    /// Takes the lease and renews it until `stop`; then releases it, so
+    /// that the next start need not wait it out. Call once nothing is
+    /// served any more.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut held: Option<LeaseRecord> = None;
+        loop {
+            let sent = Instant::now();
+            let outcome = tokio::select! {
+                outcome = self.renew_or_take(held.as_ref(), &stop) => outcome,
+                () = stop.cancelled() => break,
+            };
+            match outcome {
+                Ok(Some(record)) => {
+                    self.member
+                        .ownership()
+                        .lease(Some(sent + self.config.duration));
+                    if held.is_none() {
+                        tracing::info!(renewals = record.renewals, "lease taken");
+                    }
+                    counter!(LEASE_RENEWALS, "result" => "applied").increment(1);
+                    held = Some(record);
+                }
+                Ok(None) => {
+                    counter!(LEASE_RENEWALS, "result" => "lost").increment(1);
+                    held = self.lost().await;
+                }
+                Err(e) => {
+                    // The deadline passes by itself if this goes on.
+                    counter!(LEASE_RENEWALS, "result" => "failed").increment(1);
+                    tracing::warn!(error = %e, "cannot renew the lease");
+                }
+            }
+            gauge!(LEASE_HELD).set(if self.member.ownership().leased() {
+                1.0
+            } else {
+                0.0
+            });
+            tokio::select! {
+                () = tokio::time::sleep(self.config.renew_every()) => {}
+                () = stop.cancelled() => break,
+            }
+        }
+        if let Some(record) = held {
+            let released = LeaseRecord {
+                holder: String::new(),
+                renewals: record.renewals + 1,
+            };
+            match self
+                .store
+                .swap_lease(self.node(), Some(&record), &released)
+                .await
+            {
+                Ok(true) => tracing::info!("lease released"),
+                Ok(false) => tracing::warn!("the lease was revoked before it was released"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot release the lease; the next start waits it out")
+                }
+            }
+        }
+        gauge!(LEASE_HELD).set(0.0);
+    }
+
+    /// Renews `held`, or takes the lease; `None`: it was revoked or taken.
+    async fn renew_or_take(
+        &self,
+        held: Option<&LeaseRecord>,
+        stop: &CancellationToken,
+    ) -> Result<Option<LeaseRecord>, StoreError> {
+        let store = &*self.store;
+        let seen = match held {
+            Some(held) => held.clone(),
+            None => match store.lease(self.node()).await? {
+                None => {
+                    let mine = self.record(0);
+                    return Ok(store
+                        .swap_lease(self.node(), None, &mine)
+                        .await?
+                        .then_some(mine));
+                }
+                Some(seen) if !seen.held() || seen.holder == self.incarnation => seen,
+                Some(_) => loop {
+                    tracing::info!(within = ?self.config.lapse(), "the lease is held by an earlier start of this node; waiting it out");
+                    match watch(store, self.node(), self.config).await? {
+                        Seen::Lapsed(seen) => break seen,
+                        Seen::Free(Some(seen)) => break seen,
+                        Seen::Free(None) => return Ok(None),
+                        Seen::Live if stop.is_cancelled() => return Ok(None),
+                        Seen::Live => {
+                            tracing::error!(
+                                "another process renews this node's lease: is this node id running twice?"
+                            );
+                        }
+                    }
+                },
+            },
+        };
+        let mine = self.record(seen.renewals + 1);
+        Ok(store
+            .swap_lease(self.node(), Some(&seen), &mine)
+            .await?
+            .then_some(mine))
+    }
+
+    fn record(&self, renewals: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: self.incarnation.clone(),
+            renewals,
+        }
+    }
+
+    /// A renewal did not apply: stops serving now, unless the record is
+    /// this incarnation's after all (an earlier call applied, its answer
+    /// lost). A revoked lease is taken again only once this node has
+    /// adopted the ring as it is now: whoever revoked it gave its slots
+    /// away first. Returns the lease still held, if it is.
+    async fn lost(&self) -> Option<LeaseRecord> {
+        match self.store.lease(self.node()).await {
+            Ok(Some(record)) if record.holder == self.incarnation => return Some(record),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read the lease"),
+        }
+        self.member.ownership().lease(Some(Instant::now()));
+        tracing::error!(
+            "the lease was revoked: serving nothing until this node has adopted the ring as it is now"
+        );
+        match self.store.load().await {
+            Ok(record) => {
+                // Until its releases are done, the slots it lost still
+                // read as its own.
+                let epoch = record.ring.epoch();
+                self.member.catch_up(epoch, self.config.lapse()).await;
+                self.member.releases_done(epoch).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the ring"),
+        }
+        None
+    }
+}
+
+/// A random id for this process (a lease names the incarnation holding it).
+fn incarnation() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(since) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(since.as_nanos());
+    }
+    format!("{:016x}", hasher.finish())
+}
+
+#[cfg(test)]
+mod tests;

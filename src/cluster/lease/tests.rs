@@ -1,0 +1,231 @@
+//! The lease on the paused clock, over the in-memory ring store: a node
+//! serves only while it holds it, a new start waits out an earlier one's,
+//! and a live lease is never taken.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use readstates_routing::Slot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::cache::{Cache, CacheConfig};
+use crate::cluster::admin::{self, AdminError};
+use crate::cluster::credential::FleetCredential;
+use crate::cluster::member::MemberConfig;
+use crate::cluster::peers::GrpcPeers;
+use crate::cluster::ring_store::memory::MemoryRingStore;
+use crate::ownership::{Ownership, SlotState};
+use crate::store::memory::MemoryStore;
+
+const NODE: &str = "a";
+const SLOT: Slot = 7;
+const CONFIG: LeaseConfig = LeaseConfig {
+    duration: Duration::from_secs(3),
+    margin: Duration::from_secs(1),
+};
+
+/// One start of node `a`, serving `SLOT` whenever it holds its lease.
+struct Start {
+    member: Member,
+    stop: CancellationToken,
+    holder: JoinHandle<()>,
+}
+
+impl Start {
+    fn new(store: &Arc<MemoryRingStore>) -> Start {
+        let cache = Cache::with_ownership(
+            CacheConfig::default(),
+            Arc::new(MemoryStore::new()),
+            Arc::new(Ownership::member()),
+        );
+        cache.ownership().set(SLOT, SlotState::Serving);
+        let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+        let member = Member::new(
+            NODE.to_owned(),
+            store.clone(),
+            cache,
+            Arc::new(peers),
+            MemberConfig::default(),
+        );
+        let stop = CancellationToken::new();
+        let holder = Holder::new(store.clone(), member.clone(), CONFIG);
+        let holder = tokio::spawn(holder.run(stop.clone()));
+        Start {
+            member,
+            stop,
+            holder,
+        }
+    }
+
+    fn serves(&self) -> bool {
+        self.member.ownership().state(SLOT) == SlotState::Serving
+    }
+
+    /// Whether it served at every step of `within` (10 ms apart), or at
+    /// none (`None`: it changed).
+    async fn served_throughout(&self, within: Duration) -> Option<bool> {
+        let first = self.serves();
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if self.serves() != first {
+                return None;
+            }
+        }
+        Some(first)
+    }
+
+    /// Waits (at most a minute) until it serves, or (`false`) no longer
+    /// does; how long that took.
+    async fn until_serving(&self, serving: bool) -> Duration {
+        let started = Instant::now();
+        while self.serves() != serving {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "still serving: {}",
+                !serving
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        started.elapsed()
+    }
+
+    /// kill -9: nothing released.
+    fn crash(self) {
+        self.holder.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_serves_only_while_it_holds_its_lease() {
+    let store = Arc::new(MemoryRingStore::default());
+    let start = Start::new(&store);
+    assert!(!start.serves(), "nothing served before the lease is taken");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(
+        start.served_throughout(Duration::from_secs(20)).await,
+        Some(true)
+    );
+
+    // Cut off from the ring store: served until the lease's end, measured
+    // from before the last renewal was sent, then fenced.
+    store.cut_off(NODE, true);
+    let fenced_after = start.until_serving(false).await;
+    assert!(
+        fenced_after <= CONFIG.duration,
+        "served {fenced_after:?} after the last renewal could be made"
+    );
+    assert!(fenced_after >= CONFIG.duration - CONFIG.renew_every() - Duration::from_millis(20));
+    assert_eq!(start.member.ownership().state(SLOT), SlotState::Fenced);
+    assert_eq!(
+        start.served_throughout(Duration::from_secs(10)).await,
+        Some(false)
+    );
+
+    // Back: served again at the next renewal.
+    store.cut_off(NODE, false);
+    tokio::time::sleep(CONFIG.renew_every() + Duration::from_millis(10)).await;
+    assert!(start.serves());
+
+    // A clean stop releases the lease: the next start takes it at once.
+    start.stop.cancel();
+    start.holder.await.unwrap();
+    let record = store.lease(NODE).await.unwrap().unwrap();
+    assert!(!record.held(), "{record:?}");
+    let again = Start::new(&store);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(again.serves());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_a_crash_waits_out_the_earlier_lease() {
+    let store = Arc::new(MemoryRingStore::default());
+    let first = Start::new(&store);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(first.serves());
+    first.crash();
+    let crashed = Instant::now();
+
+    let second = Start::new(&store);
+    second.until_serving(true).await;
+    let waited = crashed.elapsed();
+    assert!(
+        waited >= CONFIG.lapse(),
+        "served {waited:?} after the crash: the earlier start may still serve until {:?}",
+        CONFIG.duration
+    );
+    assert!(
+        waited <= CONFIG.lapse() + 2 * CONFIG.renew_every(),
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_live_lease_is_never_taken_and_a_forced_release_waits_for_it_to_lapse() {
+    let store = Arc::new(MemoryRingStore::default());
+    let first = Start::new(&store);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The same node id started twice (a frozen pod replaced, say): the
+    // second never serves while the first renews.
+    let second = Start::new(&store);
+    assert_eq!(
+        second.served_throughout(Duration::from_secs(30)).await,
+        Some(false)
+    );
+    assert!(first.serves());
+    second.stop.cancel();
+    second.holder.await.unwrap();
+
+    // The lease is what `ring release --force` checks (the ring has no
+    // slot to release here, so it is checked directly).
+    let live = admin::fence(&*store, NODE, Some(CONFIG)).await;
+    assert!(
+        matches!(live, Err(AdminError::LeaseLive { .. })),
+        "{live:?}"
+    );
+    assert!(first.serves());
+
+    // Frozen (its renewals stop), the lease lapses and is revoked; the
+    // node, fenced meanwhile, learns it was revoked when it wakes.
+    store.cut_off(NODE, true);
+    let fence = tokio::spawn({
+        let store = store.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            store.cut_off(NODE, false);
+            let started = Instant::now();
+            let revoked = admin::fence(&*store, NODE, Some(CONFIG)).await;
+            (revoked, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    first.holder.abort();
+    let (revoked, took) = fence.await.unwrap();
+    revoked.unwrap();
+    assert!(took >= CONFIG.lapse(), "revoked after {took:?}");
+    assert!(
+        !first.serves(),
+        "fenced by the time the lease could be revoked"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revoked_lease_fences_its_holder_until_it_has_adopted_the_ring() {
+    let store = Arc::new(MemoryRingStore::default());
+    let start = Start::new(&store);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(start.serves());
+    // Revoked without waiting (`--ignore-lease`): the holder's next
+    // renewal fails, and it stops serving at once.
+    admin::fence(&*store, NODE, None).await.unwrap();
+    tokio::time::sleep(CONFIG.renew_every() + Duration::from_millis(10)).await;
+    let record = store.lease(NODE).await.unwrap().unwrap();
+    // The ring (epoch 0 here) gives it nothing to release: it takes a new
+    // lease at the renewal after.
+    assert!(record.held() || !start.serves(), "{record:?}");
+    tokio::time::sleep(2 * CONFIG.renew_every()).await;
+    assert!(start.serves());
+}

@@ -1,0 +1,96 @@
+//! Issue 37, leases: a fleet node serves only while it holds its lease, so
+//! one cut off from the ring store stops serving (UNAVAILABLE, naming no
+//! owner it is unsure of) before anyone may take its slots.
+
+use std::time::Duration;
+
+use readstates::grpc::route::OWNER;
+use readstates::proto::{AckRequest, GetReadStatesRequest};
+use tokio::time::Instant;
+use tonic::Code;
+
+use crate::fleet::{add, adopted, shared};
+use crate::helpers::{spawn_member, test_config};
+
+const LEASE: Duration = Duration::from_millis(600);
+
+fn ack(user_id: u64, message_id: u64) -> AckRequest {
+    AckRequest {
+        user_id,
+        channel_id: 1,
+        message_id,
+        ..AckRequest::default()
+    }
+}
+
+#[tokio::test]
+async fn a_node_cut_off_from_the_ring_store_stops_serving_within_its_lease() {
+    let (store, ring) = shared();
+    let mut config = test_config();
+    config.node_id = Some("a".to_owned());
+    config.ring_poll = Duration::from_millis(50);
+    config.lease = LEASE;
+    let mut a = spawn_member(config, store, ring.clone()).await;
+    add(&ring, "a", &a, 100).await;
+    adopted(&mut a, 1).await;
+    a.client.ack(ack(1, 5)).await.unwrap();
+
+    ring.cut_off("a", true);
+    let cut = Instant::now();
+    let mut message_id = 6;
+    let refused = loop {
+        match a.client.ack(ack(1, message_id)).await {
+            Ok(_) => {
+                let served = cut.elapsed();
+                assert!(served < LEASE, "a change answered {served:?} after the cut");
+                message_id += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(refused) => break refused,
+        }
+    };
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.metadata().get(OWNER).is_none(),
+        "names an owner it cannot be sure of: {refused:?}"
+    );
+    // Reads too: what it holds may be stale once another node serves.
+    let read = a
+        .client
+        .get_read_states(GetReadStatesRequest {
+            user_id: 1,
+            ..GetReadStatesRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(read.code(), Code::Unavailable, "{read:?}");
+    for _ in 0..10 {
+        let refused = a.client.ack(ack(1, 100)).await.unwrap_err();
+        assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Back in reach: it renews, and serves what it held.
+    ring.cut_off("a", false);
+    let back = Instant::now();
+    loop {
+        match a.client.ack(ack(1, 200)).await {
+            Ok(_) => break,
+            Err(refused) => {
+                assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+                assert!(back.elapsed() < 5 * LEASE, "still refused: {refused:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    let states = (a.client)
+        .get_read_states(GetReadStatesRequest {
+            user_id: 1,
+            ..GetReadStatesRequest::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(states.read_states[0].last_acked_id, 200);
+    a.stop().await;
+}
