@@ -16,6 +16,7 @@ use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::lease::LeaseConfig;
 use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
+use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::Store;
 use readstates::store::cassandra::CassandraStore;
@@ -660,4 +661,97 @@ async fn a_rolling_restart_by_drain_and_rejoin_under_load_fails_nothing_and_lose
         ledger.first_error
     );
     assert!(handed > 0.0, "users moved warm");
+}
+
+/// Issue 37, "never two owners", frozen: a node SIGSTOPped past its lease,
+/// whose slots an operator then released by force (allowed only once the
+/// lease is seen lapsed, and refused while it is renewed), serves nothing
+/// from its stale memory when it wakes, not even the requests that waited
+/// in its socket: each is refused or served by the new owner. Cassandra
+/// ends with the newest acknowledged ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_node_released_by_force_serves_nothing_from_memory_when_it_wakes() {
+    let mut fleet = Fleet::start("fleet_freeze").await;
+    let lease = LeaseConfig::default();
+    let record = fleet.ring.load().await.unwrap();
+    let base = fresh_users(1000);
+    let user = (base..base + 1000)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "n2")
+        .unwrap();
+    let mut n2 = fleet.server(1).client().await;
+    n2.ack(ack(user, 1, 10)).await.unwrap();
+    let live = admin::fence(&*fleet.ring, "n2", Some(lease)).await;
+    assert!(
+        matches!(live, Err(admin::AdminError::LeaseLive { .. })),
+        "a live lease: {live:?}"
+    );
+
+    fleet.server(1).freeze();
+    let frozen_at = Instant::now();
+    let read = |mut client: ReadStatesClient<Channel>| async move {
+        let request = GetReadStatesRequest {
+            user_id: user,
+            ..GetReadStatesRequest::default()
+        };
+        (client.get_read_states(request).await).map(|r| r.into_inner().read_states[0].last_acked_id)
+    };
+    // Sent while it is frozen: they wait in its socket.
+    let buffered_ack = tokio::spawn({
+        let mut client = n2.clone();
+        async move { client.ack(ack(user, 1, 25)).await.map(drop) }
+    });
+    let buffered_read = tokio::spawn(read(n2.clone()));
+    let record = admin::change(&*fleet.ring, RingChange::Remove { node: "n2".into() })
+        .await
+        .expect("ring change");
+    admin::release(&*fleet.ring, "n2", true, Some(lease))
+        .await
+        .expect("released once the lease lapsed");
+    assert!(
+        frozen_at.elapsed() >= lease.lapse(),
+        "{:?}",
+        frozen_at.elapsed()
+    );
+    let new_owner = &record.ring.owner_of(user).unwrap().id;
+    let index = IDS.iter().position(|id| id == new_owner).unwrap();
+    let mut owner = fleet.server(index).client().await;
+    let started = Instant::now();
+    while let Err(status) = owner.ack(ack(user, 1, 20)).await {
+        assert!(started.elapsed() < Duration::from_secs(30), "{status:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    fleet.server(1).resume();
+    let mut acked = vec![20];
+    let mut answers = Vec::new();
+    if buffered_ack.await.unwrap().is_ok() {
+        acked.push(25);
+    }
+    answers.push(buffered_read.await.unwrap());
+    // And for a few seconds after it woke.
+    for message_id in 30..60 {
+        if n2.ack(ack(user, 1, message_id)).await.is_ok() {
+            acked.push(message_id);
+        }
+        answers.push(read(n2.clone()).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for answer in &answers {
+        match answer {
+            Err(status) => assert_eq!(status.code(), Code::Unavailable, "{status:?}"),
+            Ok(last_acked) => assert!(*last_acked >= 20, "a read from stale memory: {answers:?}"),
+        }
+    }
+
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let store = fleet.store().await;
+    let stored = store.load(user).await.unwrap().read_states[0].last_acked_id;
+    let newest = acked.iter().copied().max().unwrap();
+    println!(
+        "frozen node: {} acks answered OK after the release, reads {answers:?}",
+        acked.len()
+    );
+    assert_eq!(stored, newest, "acknowledged {acked:?}");
 }
