@@ -137,13 +137,12 @@ impl Holder {
     pub async fn run(self, stop: CancellationToken) {
         let mut held: Option<LeaseRecord> = None;
         loop {
-            let sent = Instant::now();
             let outcome = tokio::select! {
                 outcome = self.renew_or_take(held.as_ref(), &stop) => outcome,
                 () = stop.cancelled() => break,
             };
             match outcome {
-                Ok(Some(record)) => {
+                Ok(Some((record, sent))) => {
                     self.member
                         .ownership()
                         .lease(Some(sent + self.config.duration));
@@ -194,29 +193,24 @@ impl Holder {
     }
 
     /// Renews `held`, or takes the lease; `None`: it was revoked or taken.
+    /// With the record, the instant before the compare-and-set that made
+    /// it was sent: the lease runs from there.
     async fn renew_or_take(
         &self,
         held: Option<&LeaseRecord>,
         stop: &CancellationToken,
-    ) -> Result<Option<LeaseRecord>, StoreError> {
+    ) -> Result<Option<(LeaseRecord, Instant)>, StoreError> {
         let store = &*self.store;
         let seen = match held {
-            Some(held) => held.clone(),
+            Some(held) => Some(held.clone()),
             None => match store.lease(self.node()).await? {
-                None => {
-                    let mine = self.record(0);
-                    return Ok(store
-                        .swap_lease(self.node(), None, &mine)
-                        .await?
-                        .then_some(mine));
-                }
-                Some(seen) if !seen.held() || seen.holder == self.incarnation => seen,
+                None => None,
+                Some(seen) if !seen.held() || seen.holder == self.incarnation => Some(seen),
                 Some(_) => loop {
                     tracing::info!(within = ?self.config.lapse(), "the lease is held by an earlier start of this node; waiting it out");
                     match watch(store, self.node(), self.config).await? {
-                        Seen::Lapsed(seen) => break seen,
-                        Seen::Free(Some(seen)) => break seen,
-                        Seen::Free(None) => return Ok(None),
+                        Seen::Lapsed(seen) | Seen::Free(Some(seen)) => break Some(seen),
+                        Seen::Free(None) => break None,
                         Seen::Live if stop.is_cancelled() => return Ok(None),
                         Seen::Live => {
                             tracing::error!(
@@ -227,11 +221,10 @@ impl Holder {
                 },
             },
         };
-        let mine = self.record(seen.renewals + 1);
-        Ok(store
-            .swap_lease(self.node(), Some(&seen), &mine)
-            .await?
-            .then_some(mine))
+        let mine = self.record(seen.as_ref().map_or(0, |seen| seen.renewals + 1));
+        let sent = Instant::now();
+        let applied = store.swap_lease(self.node(), seen.as_ref(), &mine).await?;
+        Ok(applied.then_some((mine, sent)))
     }
 
     fn record(&self, renewals: u64) -> LeaseRecord {
