@@ -51,6 +51,12 @@ const RECOUNT_LOADS: usize = 16;
 /// request's own write failed or never finished.
 const WRITE_THROUGH_FALLBACK: Duration = Duration::from_secs(1);
 
+tokio::task_local! {
+    /// Set on a task whose changes are confirmed later, together (see
+    /// [`Cache::confirming_later`]).
+    static CONFIRMED_LATER: ();
+}
+
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
     /// Read states (not users) held in memory, over all shards.
@@ -183,6 +189,28 @@ impl Cache {
         self.channels.replay(replayed.channels);
     }
 
+    /// Runs `serving` with the changes it applies confirmed later, many at
+    /// once, by [`Cache::confirm`] (an `Apply` stream, before it sends a
+    /// response): one journal wait for a response's items, not one each.
+    pub async fn confirming_later<F: Future>(serving: F) -> F::Output {
+        CONFIRMED_LATER.scope((), serving).await
+    }
+
+    /// Whether every change applied so far may be answered OK: durable in
+    /// the journal, and applied under a lease that still holds.
+    pub async fn confirm(&self) -> Result<(), Error> {
+        self.journaled().await?;
+        self.still_leased()
+    }
+
+    /// [`Cache::confirm`], unless the caller confirms later.
+    pub async fn confirmed(&self) -> Result<(), Error> {
+        if CONFIRMED_LATER.try_with(|_| ()).is_ok() {
+            return Ok(());
+        }
+        self.confirm().await
+    }
+
     /// Waits until every change applied so far (the caller's among them) is
     /// durable in the journal, if there is one.
     pub async fn journaled(&self) -> Result<(), Error> {
@@ -247,8 +275,7 @@ impl Cache {
             .await?;
         let (result, write) = applied?;
         self.write_through(write.into_iter().collect()).await?;
-        self.journaled().await?;
-        self.still_leased()?;
+        self.confirmed().await?;
         Ok(result)
     }
 
@@ -397,8 +424,7 @@ impl Cache {
         drop(entry);
         pins.let_go();
         self.write_through(writes).await?;
-        self.journaled().await?;
-        self.still_leased()?;
+        self.confirmed().await?;
         Ok((first, results))
     }
 

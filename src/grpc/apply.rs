@@ -45,6 +45,7 @@ use super::{
     Origin, ReadStatesService, ack, ack_all, bulk_ack, delete_read_states, get_badge_counts,
     message_created, message_deleted, set_muted,
 };
+use crate::cache::Cache;
 use crate::error::Error;
 use crate::metrics::MethodMetrics;
 use crate::proto::apply_item::Change;
@@ -125,10 +126,11 @@ pub fn handle(
     permit: Option<OwnedSemaphorePermit>,
 ) -> ApplyStream {
     let (responses, sent) = mpsc::channel(UNREAD_RESPONSES);
-    tokio::spawn(async move {
+    // The stream's changes are confirmed per response, not per item.
+    tokio::spawn(Cache::confirming_later(async move {
         serve(service, requests, hop, responses).await;
         drop(permit);
-    });
+    }));
     // Counted in the node's memory until the transport takes them.
     let sent = ReceiverStream::new(sent).map(|response| response.map(memory::Charged::into_inner));
     Box::pin(sent)
@@ -157,9 +159,24 @@ async fn serve(
     // Why nothing more is read: the client half-closed (`Some(None)`), or
     // the stream ends with this status once every item read is answered.
     let mut ended: Option<Option<Status>> = None;
+    // One journal wait (and lease check) for all the answers made while
+    // the one before ran, not one per item; the stream goes on meanwhile.
+    let confirming = future::Either::Left(future::pending());
+    tokio::pin!(confirming);
+    let mut confirmed_all = true;
     loop {
         if ended.is_some() && items.is_empty() {
             break;
+        }
+        if confirmed_all && items.answered.len() > items.confirmed {
+            let (cache, count) = (
+                service.cache.clone(),
+                items.answered.len() - items.confirmed,
+            );
+            confirming.set(future::Either::Right(Box::pin(async move {
+                (count, cache.confirm().await)
+            })));
+            confirmed_all = false;
         }
         tokio::select! {
             biased;
@@ -174,7 +191,11 @@ async fn serve(
                 ended = Some(Some(Error::ShuttingDown.into()));
             }
             () = &mut closed => return,
-            permit = responses.reserve(), if !items.answered.is_empty() => {
+            (count, confirmed) = &mut confirming, if !confirmed_all => {
+                items.confirm(count, confirmed.err().as_ref());
+                confirmed_all = true;
+            }
+            permit = responses.reserve(), if items.confirmed > 0 => {
                 let Ok(permit) = permit else { return };
                 permit.send(Ok(items.take_answered()));
                 if items.may_resume() {
@@ -303,6 +324,9 @@ struct Items<'a> {
     held_users: HashMap<Ordered, usize>,
     /// Answered, not sent yet.
     answered: Vec<ApplyResult>,
+    /// How many of `answered`, from the first, are confirmed (see
+    /// `Cache::confirm`) and may be sent.
+    confirmed: usize,
     /// `answered`, encoded (counted in the node's memory too).
     answered_bytes: usize,
     /// The users of the items read and not answered (one for an item that
@@ -337,6 +361,7 @@ impl<'a> Items<'a> {
             held: VecDeque::new(),
             held_users: HashMap::new(),
             answered: Vec::new(),
+            confirmed: 0,
             answered_bytes: 0,
             users: 0,
             begun: 0,
@@ -369,6 +394,26 @@ impl<'a> Items<'a> {
         self.answered.push(result);
     }
 
+    /// The next `count` answers not confirmed yet are (see
+    /// `Cache::confirm`), and may be sent; or, with an `error`, could not
+    /// be: each of them that says it was done says `error` instead. Those
+    /// changes stay applied here; a retry counts nothing twice.
+    fn confirm(&mut self, count: usize, error: Option<&Error>) {
+        let (first, upto) = (self.confirmed, self.confirmed + count);
+        self.confirmed = upto;
+        let Some(error) = error else { return };
+        for result in &mut self.answered[first..upto] {
+            if matches!(result.outcome, Some(Outcome::Error(_))) {
+                continue;
+            }
+            let before = result.encoded_len();
+            *result = refused(result.id, error);
+            self.answered_bytes = self.answered_bytes + result.encoded_len() - before;
+            self.service.apply_memory.take(result.encoded_len());
+            self.service.apply_memory.give_back(before);
+        }
+    }
+
     /// Items under way, held, or answered and not sent.
     fn len(&self) -> usize {
         self.waiting.len() + self.held.len() + self.answered.len()
@@ -384,8 +429,7 @@ impl<'a> Items<'a> {
     fn take_answered(&mut self) -> memory::Charged<ApplyResponse> {
         let mut size = 0;
         let mut taken = 0;
-        let fit = self
-            .answered
+        let fit = self.answered[..self.confirmed]
             .iter()
             .take_while(|result| {
                 let bytes = result.encoded_len();
@@ -395,7 +439,8 @@ impl<'a> Items<'a> {
                 fits
             })
             .count();
-        let rest = self.answered.split_off(fit.min(self.answered.len()));
+        let rest = self.answered.split_off(fit);
+        self.confirmed -= fit;
         self.answered_bytes -= taken;
         let response = ApplyResponse {
             results: std::mem::replace(&mut self.answered, rest),

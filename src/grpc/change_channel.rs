@@ -48,7 +48,7 @@ pub async fn handle(
         return Ok(ChangeChannelResponse::default());
     };
     by_channel::write_through(cache.channels(), channel_id).await?;
-    cache.journaled().await?;
+    cache.confirmed().await?;
     Ok(ChangeChannelResponse {
         counted: true,
         changed,

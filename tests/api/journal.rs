@@ -10,10 +10,14 @@ use readstates::app::Application;
 use readstates::config::{Config, StoreKind};
 use readstates::journal::disk::faulty::{Faults, FaultyDisk};
 use readstates::metrics::scrape;
+use readstates::proto::ApplyResult;
+use readstates::proto::apply_item::Change;
+use readstates::proto::apply_result::Outcome;
 use readstates::store::memory::MemoryStore;
 use readstates::test_support::ack;
 use tonic::Code;
 
+use crate::apply::{Applier, batch};
 use crate::helpers::{TestApp, eventually, start_with, test_config};
 
 /// A node journaling on a disk the test makes fail (the store is in
@@ -103,6 +107,47 @@ async fn a_failing_fsync_gets_unavailable_too() {
         client.clone().ack(ack(1, 11, 100)).await.is_ok()
     })
     .await;
+}
+
+/// On `Apply`, a response's items are synced together, once, before it
+/// is sent: none is answered before its sync returns, and a failed sync
+/// answers each UNAVAILABLE.
+#[tokio::test]
+async fn an_apply_response_is_sent_only_once_its_items_are_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, faults) = spawn_journaled(&dir).await;
+    let mut applier = Applier::open(&app).await;
+    let acks = |message_id| {
+        (1..=3)
+            .map(|user| Change::Ack(ack(user, 10, message_id)))
+            .collect()
+    };
+    applier.apply(acks(100)).await;
+
+    faults.hold();
+    applier.send(batch(acks(200))).await;
+    let early = tokio::time::timeout(Duration::from_millis(300), applier.results.message()).await;
+    assert!(
+        early.is_err(),
+        "answered before its sync returned: {early:?}"
+    );
+    faults.release();
+    let answered: Vec<ApplyResult> = applier.next().await.unwrap();
+    assert_eq!(answered.len(), 3);
+    assert!(
+        answered
+            .iter()
+            .all(|r| matches!(r.outcome, Some(Outcome::Ack(_)))),
+        "{answered:?}"
+    );
+
+    faults.failing_syncs.store(true, Ordering::SeqCst);
+    for outcome in applier.apply(acks(300)).await {
+        match outcome {
+            Outcome::Error(error) => assert_eq!(error.code, Code::Unavailable as i32, "{error:?}"),
+            other => panic!("answered OK though its sync failed: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
