@@ -276,12 +276,17 @@ impl Application {
                     let lease_stop = CancellationToken::new();
                     let holder = Holder::new(ring_store, member.clone(), config.lease());
                     let lease = (lease_stop.clone(), tokio::spawn(holder.run(lease_stop)));
-                    // Ready once the ring is read: before, every request would
-                    // be refused as another node's (Kubernetes sends none
+                    // Ready once the ring is read and the lease held: before,
+                    // every request would be refused (Kubernetes sends none
                     // until then).
                     let (ready, routing) = (health.clone(), member.clone());
                     let ready = tokio::spawn(async move {
                         routing.routing().await;
+                        // And holds its lease: a restart after kill -9 waits
+                        // out the one before (see `cluster::lease`).
+                        while !routing.ownership().leased() {
+                            tokio::time::sleep(LEASE_POLL).await;
+                        }
                         ready
                             .set_serving::<ReadStatesServer<ReadStatesService>>()
                             .await;
@@ -387,6 +392,9 @@ impl Application {
         })
     }
 }
+
+/// How often readiness looks whether a fleet node holds its lease yet.
+const LEASE_POLL: Duration = Duration::from_millis(20);
 
 /// A started application; [`Running::stop`] stops it in order.
 #[derive(Debug)]

@@ -986,7 +986,7 @@ async fn a_request_refused_by_goaway_counts_as_not_applied() {
 }
 
 /// The health service's word on `ReadStates` at `app`.
-async fn health_of(app: &TestApp) -> ServingStatus {
+pub async fn health_of(app: &TestApp) -> ServingStatus {
     let request = HealthCheckRequest {
         service: "readstates.v1.ReadStates".into(),
     };

@@ -4,12 +4,14 @@
 
 use std::time::Duration;
 
+use readstates::cluster::ring_store::{LeaseRecord, RingStore};
 use readstates::grpc::route::OWNER;
 use readstates::proto::{AckRequest, GetReadStatesRequest};
 use tokio::time::Instant;
 use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::fleet::{add, adopted, shared};
+use crate::fleet::{add, adopted, health_of, shared};
 use crate::helpers::{spawn_member, test_config};
 
 const LEASE: Duration = Duration::from_millis(600);
@@ -92,5 +94,41 @@ async fn a_node_cut_off_from_the_ring_store_stops_serving_within_its_lease() {
         .unwrap()
         .into_inner();
     assert_eq!(states.read_states[0].last_acked_id, 200);
+    a.stop().await;
+}
+
+/// A node restarted after kill -9 finds its lease held by its earlier
+/// start, which may still serve: it waits the lease out (lease + margin)
+/// and says it is not ready meanwhile, so that Kubernetes sends it nothing
+/// it would refuse.
+#[tokio::test]
+async fn a_restarted_node_is_ready_only_once_it_has_waited_out_its_earlier_lease() {
+    let (store, ring) = shared();
+    let earlier = LeaseRecord {
+        holder: "an earlier start".to_owned(),
+        renewals: 7,
+    };
+    assert!(ring.swap_lease("a", None, &earlier).await.unwrap());
+    let mut config = test_config();
+    config.node_id = Some("a".to_owned());
+    config.ring_poll = Duration::from_millis(50);
+    config.lease = LEASE;
+    let lapse = LEASE + config.lease_margin;
+    let started = Instant::now();
+    let mut a = spawn_member(config, store, ring.clone()).await;
+    while health_of(&a).await != ServingStatus::Serving {
+        assert!(started.elapsed() < 3 * lapse, "never ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let ready = started.elapsed();
+    assert!(
+        ready >= lapse,
+        "ready {ready:?} after start, the earlier lease unexpired"
+    );
+    add(&ring, "a", &a, 100).await;
+    adopted(&mut a, 1).await;
+    a.client.ack(ack(1, 5)).await.unwrap();
+    let taken = ring.lease("a").await.unwrap().unwrap();
+    assert_ne!(taken.holder, earlier.holder);
     a.stop().await;
 }
