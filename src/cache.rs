@@ -673,7 +673,7 @@ impl Cache {
 
     /// Whether a change applied here may still be answered OK: the lease
     /// it was applied under has not lapsed since (see `crate::ownership`).
-    fn still_leased(&self) -> Result<(), Error> {
+    pub fn still_leased(&self) -> Result<(), Error> {
         match self.ownership.leased() {
             true => Ok(()),
             false => Err(Error::LeaseLapsed),

@@ -73,11 +73,13 @@ pub async fn watch(
     node: &str,
     config: LeaseConfig,
 ) -> Result<Seen, StoreError> {
-    let since = Instant::now();
     let first = match store.lease(node).await? {
         Some(first) if first.held() => first,
         free => return Ok(Seen::Free(free)),
     };
+    // From when the read returned: the renewal it saw may have been made
+    // while it ran, not before it began.
+    let since = Instant::now();
     loop {
         // Read first, then judge by the time before the read: a renewal
         // the read missed happened after it began.
@@ -137,8 +139,17 @@ impl Holder {
     pub async fn run(self, stop: CancellationToken) {
         let mut held: Option<LeaseRecord> = None;
         loop {
+            // A renewal that hangs must not outlast the lease: the next one
+            // is tried instead (a taking may wait out an earlier lease).
+            let within = match held {
+                Some(_) => self.config.renew_every(),
+                None => self.config.lapse() * 2,
+            };
+            let attempt = tokio::time::timeout(within, self.renew_or_take(held.as_ref(), &stop));
             let outcome = tokio::select! {
-                outcome = self.renew_or_take(held.as_ref(), &stop) => outcome,
+                outcome = attempt => outcome.unwrap_or_else(|_| {
+                    Err(StoreError::new("ring", format!("no answer within {within:?}")))
+                }),
                 () = stop.cancelled() => break,
             };
             match outcome {
@@ -154,7 +165,10 @@ impl Holder {
                 }
                 Ok(None) => {
                     counter!(LEASE_RENEWALS, "result" => "lost").increment(1);
-                    held = self.lost().await;
+                    held = tokio::select! {
+                        held = self.lost() => held,
+                        () = stop.cancelled() => break,
+                    };
                 }
                 Err(e) => {
                     // The deadline passes by itself if this goes on.
@@ -172,6 +186,8 @@ impl Holder {
                 () = stop.cancelled() => break,
             }
         }
+        // Nothing served from here on, before the next start may take it.
+        self.member.ownership().lease(Some(Instant::now()));
         if let Some(record) = held {
             let released = LeaseRecord {
                 holder: String::new(),
@@ -249,16 +265,17 @@ impl Holder {
         tracing::error!(
             "the lease was revoked: serving nothing until this node has adopted the ring as it is now"
         );
-        match self.store.load().await {
-            Ok(record) => {
-                // Until its releases are done, the slots it lost still
-                // read as its own.
-                let epoch = record.ring.epoch();
-                self.member.catch_up(epoch, self.config.lapse()).await;
-                self.member.releases_done(epoch).await;
+        // Never taken again before the ring as it is now is adopted, and
+        // its releases done: until then the slots it lost read as its own.
+        let epoch = loop {
+            match self.store.load().await {
+                Ok(record) => break record.ring.epoch(),
+                Err(e) => tracing::warn!(error = %e, "cannot read the ring"),
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the ring"),
-        }
+            tokio::time::sleep(self.config.renew_every()).await;
+        };
+        self.member.catch_up(epoch, self.config.lapse()).await;
+        self.member.releases_done(epoch).await;
         None
     }
 }

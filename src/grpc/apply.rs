@@ -197,6 +197,10 @@ async fn serve(
             }
             permit = responses.reserve(), if items.confirmed > 0 => {
                 let Ok(permit) = permit else { return };
+                // The client may have held the send up past the lease.
+                if let Err(lapsed) = service.cache.still_leased() {
+                    items.unconfirm(0..items.confirmed, &lapsed);
+                }
                 permit.send(Ok(items.take_answered()));
                 if items.may_resume() {
                     items.resume();
@@ -401,8 +405,14 @@ impl<'a> Items<'a> {
     fn confirm(&mut self, count: usize, error: Option<&Error>) {
         let (first, upto) = (self.confirmed, self.confirmed + count);
         self.confirmed = upto;
-        let Some(error) = error else { return };
-        for result in &mut self.answered[first..upto] {
+        if let Some(error) = error {
+            self.unconfirm(first..upto, error);
+        }
+    }
+
+    /// The answers in `range` that say done say `error` instead.
+    fn unconfirm(&mut self, range: std::ops::Range<usize>, error: &Error) {
+        for result in &mut self.answered[range] {
             if matches!(result.outcome, Some(Outcome::Error(_))) {
                 continue;
             }

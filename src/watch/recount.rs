@@ -32,6 +32,11 @@ pub async fn run(cache: Arc<Cache>, every: Duration, stop: CancellationToken) {
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
+        // A node past its lease tells nobody counts from what it holds
+        // (another node may serve its users now); they wait for the lease.
+        if !cache.ownership().leased() {
+            continue;
+        }
         let changed = cache.channels().take_recounted();
         if !changed.is_empty() {
             // Loads of evicted users may wait on the store: not shutdown.

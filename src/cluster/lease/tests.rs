@@ -229,3 +229,26 @@ async fn a_revoked_lease_fences_its_holder_until_it_has_adopted_the_ring() {
     tokio::time::sleep(2 * CONFIG.renew_every()).await;
     assert!(start.serves());
 }
+
+/// Found in review: a revoked holder that could not read the ring took a
+/// new lease at its next try, serving slots the ring may have given away.
+/// It takes one only once it has read and adopted the ring.
+#[tokio::test(start_paused = true)]
+async fn a_revoked_holder_that_cannot_read_the_ring_takes_no_new_lease() {
+    let store = Arc::new(MemoryRingStore::default());
+    let start = Start::new(&store);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(start.serves());
+    store.fail_loads(true);
+    admin::fence(&*store, NODE, None).await.unwrap();
+    start.until_serving(false).await;
+    assert_eq!(
+        start.served_throughout(Duration::from_secs(30)).await,
+        Some(false),
+        "served again without having read the ring"
+    );
+    let record = store.lease(NODE).await.unwrap().unwrap();
+    assert!(!record.held(), "taken again without the ring: {record:?}");
+    store.fail_loads(false);
+    start.until_serving(true).await;
+}

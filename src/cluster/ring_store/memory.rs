@@ -15,6 +15,8 @@ pub struct MemoryRingStore {
     leases: Mutex<BTreeMap<String, LeaseRecord>>,
     /// While renewals of a lease fail (a node cut off from the ring store).
     cut_off: Mutex<std::collections::BTreeSet<String>>,
+    /// While loads of the ring fail.
+    failing_loads: std::sync::atomic::AtomicBool,
     /// While true, loads wait (a ring store slow to answer, for tests).
     held: tokio::sync::watch::Sender<bool>,
 }
@@ -26,6 +28,7 @@ impl Default for MemoryRingStore {
             drained: Mutex::default(),
             leases: Mutex::default(),
             cut_off: Mutex::default(),
+            failing_loads: std::sync::atomic::AtomicBool::new(false),
             held: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -35,6 +38,11 @@ impl MemoryRingStore {
     /// Makes loads wait (`true`) until told otherwise.
     pub fn hold_loads(&self, held: bool) {
         self.held.send_replace(held);
+    }
+
+    /// Fails (`true`) or answers again the loads of the ring.
+    pub fn fail_loads(&self, failing: bool) {
+        (self.failing_loads).store(failing, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Fails (`true`) or answers again the lease calls about `node`, as a
@@ -76,6 +84,9 @@ impl RingStore for MemoryRingStore {
     async fn load(&self) -> Result<RingRecord, StoreError> {
         // Never closed: the sender lives in `self`.
         let _ = self.held.subscribe().wait_for(|&held| !held).await;
+        if self.failing_loads.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::new("memory ring", "loads fail"));
+        }
         Ok(self.state().0.clone())
     }
 
