@@ -133,9 +133,9 @@ impl Holder {
         self.member.id()
     }
 
-    /// Takes the lease and renews it until `stop`; then releases it, so
-    /// that the next start need not wait it out. Call once nothing is
-    /// served any more.
+    /// Takes the lease and renews it until `stop`, which is to come once
+    /// nothing is served any more (at the end of a stop); then releases
+    /// it, so that the next start need not wait it out.
     pub async fn run(self, stop: CancellationToken) {
         let mut held: Option<LeaseRecord> = None;
         loop {
