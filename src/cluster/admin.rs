@@ -179,9 +179,10 @@ pub async fn fence(
     };
     match lease::revoke(store, node, &seen).await? {
         true => Ok(()),
+        // Renewed since it was seen: live after all.
         false => Err(AdminError::LeaseLive {
             node: node.to_owned(),
-            within: Duration::ZERO,
+            within: lease.map_or(Duration::ZERO, |config| config.lapse()),
         }),
     }
 }

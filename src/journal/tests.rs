@@ -215,6 +215,17 @@ fn journaled_cache(dir: &Path, store: Arc<dyn Store>) -> (Arc<Cache>, Arc<Journa
     (cache, journal)
 }
 
+/// A store in memory, and in `dir` a journal left by a node that acked
+/// user 1's channel 10 to 100 and crashed before writing it.
+async fn crashed_after_one_ack(dir: &Path) -> Arc<dyn Store> {
+    let memory: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+    let (cache, journal) = journaled_cache(dir, memory.clone());
+    ack(&cache, 1, 10, 100).await;
+    drop(cache);
+    drop(journal);
+    memory
+}
+
 fn segment_files(dir: &Path) -> usize {
     std::fs::read_dir(dir).unwrap().count()
 }
@@ -292,13 +303,7 @@ async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_rep
     // was dropped while a load of the user, which had read the store
     // before, was under way; the load then cached the older stored state.
     let dir = tempfile::tempdir().unwrap();
-    let memory: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
-    {
-        let (cache, journal) = journaled_cache(dir.path(), memory.clone());
-        ack(&cache, 1, 10, 100).await;
-        drop(cache);
-        drop(journal);
-    }
+    let memory = crashed_after_one_ack(dir.path()).await;
     let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
     let (cache, journal) = journaled_cache(dir.path(), store.clone());
     let read = tokio::spawn({
@@ -353,13 +358,7 @@ async fn a_replayed_write_retried_after_a_load_found_it_all_stored_ends() {
     // store holding them all, and cached the user without the write's
     // in-flight mark; the retry was then refused for good.
     let dir = tempfile::tempdir().unwrap();
-    let memory: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
-    {
-        let (cache, journal) = journaled_cache(dir.path(), memory.clone());
-        ack(&cache, 1, 10, 100).await;
-        drop(cache);
-        drop(journal);
-    }
+    let memory = crashed_after_one_ack(dir.path()).await;
     // The store holds it already, newer.
     let mut stored = crate::read_state::UserReadStates::default();
     stored.ack(

@@ -7,6 +7,7 @@ use std::time::Duration;
 use readstates::cluster::ring_store::{LeaseRecord, RingStore};
 use readstates::grpc::route::OWNER;
 use readstates::proto::{AckRequest, GetReadStatesRequest};
+use readstates::test_support;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -16,13 +17,9 @@ use crate::helpers::{spawn_member, test_config};
 
 const LEASE: Duration = Duration::from_millis(600);
 
+/// An ack of `user_id`'s channel 1.
 fn ack(user_id: u64, message_id: u64) -> AckRequest {
-    AckRequest {
-        user_id,
-        channel_id: 1,
-        message_id,
-        ..AckRequest::default()
-    }
+    test_support::ack(user_id, 1, message_id)
 }
 
 #[tokio::test]

@@ -1,7 +1,9 @@
 //! The ring kept in one process: for unit tests and in-process fleets.
 
 use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 
@@ -14,9 +16,9 @@ pub struct MemoryRingStore {
     drained: Mutex<BTreeMap<String, u32>>,
     leases: Mutex<BTreeMap<String, LeaseRecord>>,
     /// While renewals of a lease fail (a node cut off from the ring store).
-    cut_off: Mutex<std::collections::BTreeSet<String>>,
+    cut_off: Mutex<BTreeSet<String>>,
     /// While loads of the ring fail.
-    failing_loads: std::sync::atomic::AtomicBool,
+    failing_loads: AtomicBool,
     /// While true, loads wait (a ring store slow to answer, for tests).
     held: tokio::sync::watch::Sender<bool>,
 }
@@ -28,7 +30,7 @@ impl Default for MemoryRingStore {
             drained: Mutex::default(),
             leases: Mutex::default(),
             cut_off: Mutex::default(),
-            failing_loads: std::sync::atomic::AtomicBool::new(false),
+            failing_loads: AtomicBool::new(false),
             held: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -42,7 +44,7 @@ impl MemoryRingStore {
 
     /// Fails (`true`) or answers again the loads of the ring.
     pub fn fail_loads(&self, failing: bool) {
-        (self.failing_loads).store(failing, std::sync::atomic::Ordering::SeqCst);
+        (self.failing_loads).store(failing, Ordering::SeqCst);
     }
 
     /// Fails (`true`) or answers again the lease calls about `node`, as a
@@ -84,7 +86,7 @@ impl RingStore for MemoryRingStore {
     async fn load(&self) -> Result<RingRecord, StoreError> {
         // Never closed: the sender lives in `self`.
         let _ = self.held.subscribe().wait_for(|&held| !held).await;
-        if self.failing_loads.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.failing_loads.load(Ordering::SeqCst) {
             return Err(StoreError::new("memory ring", "loads fail"));
         }
         Ok(self.state().0.clone())
