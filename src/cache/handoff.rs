@@ -89,7 +89,7 @@ impl Cache {
             (0..cache.shard_count())
                 .map(|index| {
                     cache.with_shard(index, |shard| {
-                        shard.replayed_users().filter(|&id| leaving(id)).collect()
+                        shard.replayed_pending().filter(|&id| leaving(id)).collect()
                     })
                 })
                 .collect()

@@ -141,7 +141,7 @@ pub(crate) struct Shard {
     /// When they were replayed (the journal held their changes before).
     replayed_since: Option<Instant>,
     /// Replayed users' writes taken by loads under way.
-    replayed_loading: usize,
+    replayed_loading: HashSet<u64>,
     /// Unwritten read states in this shard, cached or evicted. Per shard
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
@@ -189,7 +189,7 @@ impl Shard {
             in_flight: HashMap::new(),
             replayed: HashMap::new(),
             replayed_since: None,
-            replayed_loading: 0,
+            replayed_loading: HashSet::new(),
             unwritten: 0,
             evicted_total,
             stats: ShardStats::default(),

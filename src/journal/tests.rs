@@ -321,6 +321,85 @@ async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_rep
     journal.close(true);
 }
 
+#[tokio::test]
+async fn a_shutdown_waits_for_a_load_that_holds_a_replayed_write_and_writes_it() {
+    // Found by the simulation (seed 1139, "stored user 2002 (report: all
+    // written)"): a load held the replayed changes when shutdown came; the
+    // drain counted nothing unwritten, reported all written and ended, and
+    // the load then cached changes nothing would write.
+    let dir = tempfile::tempdir().unwrap();
+    let memory = crashed_after_one_ack(dir.path()).await;
+    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
+    let (cache, journal) = journaled_cache(dir.path(), store.clone());
+    let read = tokio::spawn({
+        let cache = cache.clone();
+        async move { last_acked(&cache, 1, 10).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        cache.unwritten(),
+        1,
+        "a load's replayed change is unwritten"
+    );
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    let shutdown = tokio::spawn(write_behind.shutdown(Duration::from_secs(5)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    go.send(()).unwrap();
+    assert_eq!(read.await.unwrap(), Some(100));
+    let report = shutdown.await.unwrap();
+    assert_eq!(report.unwritten, 0);
+    assert_eq!(
+        stored_ack(&memory, 1, 10).await,
+        Some(100),
+        "reported written"
+    );
+    journal.close(true);
+}
+
+#[tokio::test]
+async fn a_release_waits_for_a_load_that_holds_a_replayed_write_until_the_store_has_it() {
+    // As the shutdown above, for a slot that leaves: the new owner reads
+    // the store once the release is done, so the replayed changes a load
+    // held meanwhile must be there by then.
+    let dir = tempfile::tempdir().unwrap();
+    let memory = crashed_after_one_ack(dir.path()).await;
+    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
+    let (journal, replayed) = open(config(dir.path()), Arc::new(Fs));
+    let ownership = Arc::new(crate::ownership::Ownership::member());
+    let slot = readstates_routing::slot_of(1);
+    ownership.set(slot, crate::ownership::SlotState::Serving);
+    ownership.lease(None);
+    let cache = Cache::with_ownership(cache_config(), store, ownership.clone());
+    cache.replay(replayed);
+    cache.set_journal(journal.clone());
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    let read = tokio::spawn({
+        let cache = cache.clone();
+        async move { cache.read(1, |_| ()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    ownership.set(slot, crate::ownership::SlotState::Releasing);
+    let released = tokio::spawn({
+        let (cache, memory) = (cache.clone(), memory.clone());
+        async move {
+            cache
+                .release(|id| readstates_routing::slot_of(id) == slot)
+                .await;
+            stored_ack(&memory, 1, 10).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    go.send(()).unwrap();
+    let _ = read.await.unwrap();
+    assert_eq!(
+        released.await.unwrap(),
+        Some(100),
+        "released before written"
+    );
+    write_behind.shutdown(Duration::from_secs(5)).await;
+    journal.close(true);
+}
+
 #[test]
 fn the_entries_of_a_group_are_one_frame_kept_or_cut_whole() {
     let dir = tempfile::tempdir().unwrap();

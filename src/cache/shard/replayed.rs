@@ -33,22 +33,25 @@ impl Shard {
     /// A replayed user's write, taken by a load that starts: laid over
     /// what the load reads (from then on the user's own unwritten changes
     /// carry it), or given back by [`Shard::end_replayed_load`] if the load
-    /// caches nothing.
+    /// caches nothing. It counts as unwritten meanwhile, so that neither
+    /// a shutdown's drain nor a handoff takes it for written.
     pub(crate) fn take_replayed_for_load(&mut self, user_id: u64) -> Option<UserWrite> {
-        let write = self.take_replayed(user_id)?;
-        self.replayed_loading += 1;
+        let write = self.replayed.remove(&user_id)?;
+        self.replayed_loading.insert(user_id);
         Some(write)
     }
 
-    /// A load that took `replayed` ended, having cached the user or not.
+    /// A load that took `replayed` ended, having cached the user (whose
+    /// record now counts what is unwritten) or not.
     pub(crate) fn end_replayed_load(&mut self, replayed: Option<UserWrite>, cached: bool) {
         let Some(write) = replayed else {
             return;
         };
-        self.replayed_loading -= 1;
-        if !cached {
-            let user_id = write.user_id;
-            self.adjust_unwritten(rows(&write) as isize);
+        let user_id = write.user_id;
+        self.replayed_loading.remove(&user_id);
+        if cached {
+            self.adjust_unwritten(-(rows(&write) as isize));
+        } else {
             self.replayed.insert(user_id, write);
             self.ready.push_back(user_id);
             self.wake = true;
@@ -99,15 +102,24 @@ impl Shard {
         }
     }
 
-    /// Replayed users not written yet, for the final drain and releases.
+    /// Replayed users not written yet and beside the cache, for the final
+    /// drain.
     pub(crate) fn replayed_users(&self) -> impl Iterator<Item = u64> + '_ {
         self.replayed.keys().copied()
+    }
+
+    /// Replayed users not written yet, beside the cache or with a load
+    /// (which may give them back), for releases.
+    pub(crate) fn replayed_pending(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.replayed.keys())
+            .chain(&self.replayed_loading)
+            .copied()
     }
 
     /// When the oldest replayed change may have been made, while any is
     /// left beside the cache (or with a load).
     pub(super) fn replayed_pending_since(&self) -> Option<Instant> {
-        let pending = !self.replayed.is_empty() || self.replayed_loading > 0;
+        let pending = !self.replayed.is_empty() || !self.replayed_loading.is_empty();
         self.replayed_since.filter(|_| pending)
     }
 }
