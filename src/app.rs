@@ -24,6 +24,9 @@ use futures::StreamExt;
 use linger::{LINGER, Lingering};
 
 use crate::cache::{Cache, CacheConfig};
+use crate::cluster::backup::held::Backups;
+use crate::cluster::backup::mirror::Mirror;
+use crate::cluster::backup::takeover::Takeover;
 use crate::cluster::copier::Copier;
 use crate::cluster::lease::Holder;
 use crate::cluster::member::{Member, MemberConfig};
@@ -257,7 +260,8 @@ impl Application {
             }),
             _ => None,
         };
-        let (fleet, follower, copier, ready, lease) =
+        let backups = Backups::new();
+        let (fleet, follower, copier, ready, lease, backup) =
             match (ring_store, &config.node_id, config.fleet_credential()) {
                 (Some(ring_store), Some(node_id), Some(credential)) => {
                     let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
@@ -274,6 +278,7 @@ impl Application {
                     let follower = member.start(stop.clone());
                     // Stopped last, once nothing is served (see `Running::stop`).
                     let lease_stop = CancellationToken::new();
+                    let ring_store_for_takeover = ring_store.clone();
                     let holder = Holder::new(ring_store, member.clone(), config.lease());
                     let lease = (lease_stop.clone(), tokio::spawn(holder.run(lease_stop)));
                     // Ready once the ring is read and the lease held: before,
@@ -293,6 +298,30 @@ impl Application {
                     });
                     let copier = Copier::new(member.clone(), peers.clone());
                     let copying = tokio::spawn(copier.clone().run(stop.clone()));
+                    // Its unwritten changes held by the next node, which
+                    // takes over should it die; and the same for others.
+                    let mirror = journal.clone().filter(|j| j.syncs()).map(|journal| {
+                        let mirror = Mirror::new();
+                        journal.set_replica(mirror.clone());
+                        mirror.run(member.clone(), peers.clone(), journal, stop.clone())
+                    });
+                    let takeover = Takeover {
+                        backups: backups.clone(),
+                        ring_store: ring_store_for_takeover,
+                        store: cache.store().clone(),
+                        lease: config.lease(),
+                    };
+                    let backup = tokio::spawn({
+                        let stop = stop.clone();
+                        async move {
+                            let mirroring = async {
+                                if let Some(mirror) = mirror {
+                                    mirror.await;
+                                }
+                            };
+                            tokio::join!(mirroring, takeover.run(stop));
+                        }
+                    });
                     let router = Router {
                         member,
                         peers,
@@ -306,13 +335,14 @@ impl Application {
                         Some(copying),
                         Some(ready),
                         lease,
+                        Some(backup),
                     )
                 }
-                _ => (None, None, None, None, None),
+                _ => (None, None, None, None, None, None),
             };
         let read_states = ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES);
         let fleet = fleet.map(|router| {
-            FleetServer::with_interceptor(FleetService::new(router), move |request| {
+            FleetServer::with_interceptor(FleetService::new(router, backups), move |request| {
                 node_calls.fleet(request)
             })
         });
@@ -385,6 +415,7 @@ impl Application {
             follower,
             ready,
             copier,
+            backup,
             tls_reloader,
             journal,
             trimmer,
@@ -426,6 +457,8 @@ pub struct Running {
     /// A fleet node's copier of channels counted by channel, stopped with
     /// `stop`.
     copier: Option<JoinHandle<()>>,
+    /// A fleet node's backup stream and takeovers, stopped with `stop`.
+    backup: Option<JoinHandle<()>>,
     /// Reads the TLS files again now and then, stopped with `stop`.
     tls_reloader: Option<JoinHandle<()>>,
     /// Closed after the final writes: emptied if they wrote everything.
@@ -493,6 +526,7 @@ impl Running {
         for task in [
             self.follower.take(),
             self.copier.take(),
+            self.backup.take(),
             self.tls_reloader.take(),
             self.joiner.take(),
             self.trimmer.take(),

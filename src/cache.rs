@@ -189,6 +189,20 @@ impl Cache {
         self.channels.replay(replayed.channels);
     }
 
+    /// Journals again every change the store may lack, users' and
+    /// channels' (a fleet node's new backup attaches: see
+    /// `crate::cluster::backup`); returns how many users and channels.
+    pub fn rejournal(&self) -> usize {
+        let Some(journal) = self.journal.get() else {
+            return 0;
+        };
+        let now_ms = clock::now_micros() / 1000;
+        let users: usize = (0..self.shards.len())
+            .map(|index| self.with_shard(index, |shard| shard.rejournal(journal, now_ms)))
+            .sum();
+        users + self.channels.rejournal()
+    }
+
     /// Runs `serving` with the changes it applies confirmed later, many at
     /// once, by [`Cache::confirm`] (an `Apply` stream, before it sends a
     /// response): one journal wait for a response's items, not one each.

@@ -499,6 +499,21 @@ impl ChannelStates {
         let _ = self.journal.set(journal);
     }
 
+    /// Journals again every channel with changes the store lacks (see
+    /// [`crate::cache::Cache::rejournal`]); returns how many.
+    pub fn rejournal(&self) -> usize {
+        let Some(journal) = self.journal.get() else {
+            return 0;
+        };
+        let held = self.held();
+        for id in held.unwritten.keys() {
+            if let Some(channel) = held.channels.get(id) {
+                journal.append(|out| record::append_channel(out, channel));
+            }
+        }
+        held.unwritten.len()
+    }
+
     /// Takes in the channels a journal held at start: each replaces the one
     /// held if newer, and is written behind at once.
     pub fn replay(&self, channels: Vec<ChannelState>) {

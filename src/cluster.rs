@@ -11,11 +11,14 @@
 //!   ([`crate::ownership`]), which sit below it.
 //! - [`lease`]: a node serves only while it holds a lease it renews; one
 //!   frozen or cut off stops serving before anyone may take its slots.
+//! - [`backup`]: each node's unwritten changes held by the next node, which
+//!   takes over should the node die.
 //! - [`credential`]: how the nodes prove to each other that they are.
 //! - [`copier`]: a channel counted by channel's owner sends its state to
 //!   every node.
 
 pub mod admin;
+pub mod backup;
 pub mod copier;
 pub mod credential;
 pub mod handoff;

@@ -24,6 +24,7 @@ mod hand_over;
 mod in_progress;
 mod message_created;
 mod message_deleted;
+mod mirror;
 pub mod node_calls;
 mod recipients;
 mod reply;

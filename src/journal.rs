@@ -9,7 +9,9 @@
 //! durable up to where it was when its change was made
 //! ([`Journal::durable`]). The trimmer ([`Trimmer`]) deletes the sealed
 //! segments whose every change the store holds. At start, [`replay`] reads
-//! what a crash left.
+//! what a crash left. A fleet node also hands each batch to a [`Replica`]
+//! on another node (its backup, see `docs/failover.md`), and a change
+//! waits for both.
 
 pub mod disk;
 pub mod record;
@@ -20,8 +22,10 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
+
+use async_trait::async_trait;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -135,6 +139,21 @@ impl JournalError {
     }
 }
 
+/// A copy of the journal kept elsewhere (another node: see
+/// `crate::cluster::backup`). The writer gives it each batch before its
+/// sync, so that the two overlap; a change is durable once both hold it.
+#[async_trait]
+pub trait Replica: Send + Sync + std::fmt::Debug {
+    /// A batch of whole frames, appended up to `end`. Called on the
+    /// writer's thread: must not block.
+    fn batch(&self, frames: &[u8], end: u64);
+    /// Waits until the replica holds what was appended up to `upto`, or
+    /// has nowhere to hold it (the change then rests on this journal).
+    async fn held(&self, upto: u64);
+    /// What was appended up to `through` is in the store.
+    fn trimmed(&self, through: u64);
+}
+
 /// How far the journal is durable, and its latest failure.
 #[derive(Clone, Debug, Default)]
 struct Durable {
@@ -161,10 +180,14 @@ struct Shared {
     appended_more: Condvar,
     /// How much was ever appended: the log sequence number of the end.
     appended: AtomicU64,
+    /// The end of the last batch the writer took.
+    taken: AtomicU64,
     durable: watch::Sender<Durable>,
     healthy: AtomicBool,
     /// Sealed segments, oldest first, with the end of what they hold.
     sealed: Mutex<VecDeque<Sealed>>,
+    /// Where batches are copied, once set.
+    replica: OnceLock<Arc<dyn Replica>>,
 }
 
 #[derive(Debug, Default)]
@@ -209,11 +232,13 @@ impl Journal {
             appending: Mutex::default(),
             appended_more: Condvar::new(),
             appended: AtomicU64::new(start),
+            taken: AtomicU64::new(start),
             durable: watch::Sender::new(Durable {
                 synced: start,
                 failed: None,
             }),
             healthy: AtomicBool::new(true),
+            replica: OnceLock::new(),
         });
         let writer = {
             let (shared, dir) = (shared.clone(), shared.config.dir.clone());
@@ -291,6 +316,16 @@ impl Journal {
         self.shared.appended.load(Ordering::Acquire)
     }
 
+    /// Whether a change waits for its sync (`--journal sync`).
+    pub fn syncs(&self) -> bool {
+        self.mode == JournalMode::Sync
+    }
+
+    /// The end of the last batch the writer took (and gave the replica).
+    pub fn taken(&self) -> u64 {
+        self.shared.taken.load(Ordering::Acquire)
+    }
+
     /// Waits until everything appended up to `upto` is synced (sync mode;
     /// the other modes answer at once). An error: the batch that held it
     /// failed (the change stays applied, unjournaled).
@@ -304,19 +339,41 @@ impl Journal {
                     .as_ref()
                     .is_some_and(|(from, to, _)| *from < upto && upto <= *to)
         };
-        if self.shared.durable.borrow().synced >= upto {
+        let synced = self.shared.durable.borrow().synced;
+        if synced >= upto {
+            self.replicated(upto).await;
             return Ok(());
         }
         let mut durable = self.shared.durable.subscribe();
-        let state = durable
-            .wait_for(covered)
-            .await
-            .map_err(|_| JournalError::Failing("the journal's writer stopped".into()))?;
-        match &state.failed {
-            _ if state.synced >= upto => Ok(()),
-            Some((_, _, reason)) => Err(JournalError::Failing(reason.clone())),
-            None => Ok(()),
+        let failed = {
+            let state = durable
+                .wait_for(covered)
+                .await
+                .map_err(|_| JournalError::Failing("the journal's writer stopped".into()))?;
+            match &state.failed {
+                Some((_, _, reason)) if state.synced < upto => Some(reason.clone()),
+                _ => None,
+            }
+        };
+        if let Some(reason) = failed {
+            return Err(JournalError::Failing(reason));
         }
+        self.replicated(upto).await;
+        Ok(())
+    }
+
+    /// Waits until the replica, if any, holds what was appended up to
+    /// `upto`.
+    async fn replicated(&self, upto: u64) {
+        if let Some(replica) = self.shared.replica.get() {
+            replica.held(upto).await;
+        }
+    }
+
+    /// Copies every batch taken from now on to `replica` too, and makes
+    /// changes wait for it; set once.
+    pub fn set_replica(&self, replica: Arc<dyn Replica>) {
+        let _ = self.shared.replica.set(replica);
     }
 
     /// Whether the last write and sync succeeded: while not, changes are
@@ -348,6 +405,9 @@ impl Journal {
             }
             self.shared.lock_sealed().pop_front();
             removed += 1;
+            if let Some(replica) = self.shared.replica.get() {
+                replica.trimmed(segment.end);
+            }
         }
         removed
     }

@@ -68,6 +68,19 @@ pub const LEASE_HELD: &str = "readstates_lease_held";
 /// Tries to renew or take this node's lease, by `result`: `applied`,
 /// `lost` (revoked or taken by another incarnation), `failed` (no answer).
 pub const LEASE_RENEWALS: &str = "readstates_lease_renewals_total";
+/// Whether this fleet node's backup holds all its unwritten changes (1),
+/// so that changes are answered once two nodes hold them; 0: none (a fleet
+/// of one, a backup down or catching up), changes rest on this node alone.
+pub const BACKUP_ATTACHED: &str = "readstates_backup_attached";
+/// Times this node's backup stream ended or was cut, by `reason`.
+pub const BACKUP_DETACHED: &str = "readstates_backup_detached_total";
+/// What this node holds as the backup of others: users and channels with
+/// changes their store lacks, and the streams feeding them.
+pub const BACKUP_HELD_USERS: &str = "readstates_backup_held_users";
+pub const BACKUP_HELD_CHANNELS: &str = "readstates_backup_held_channels";
+pub const BACKUP_STREAMS: &str = "readstates_backup_streams";
+/// Dead nodes this node took over as their backup, by `result`.
+pub const TAKEOVERS: &str = "readstates_takeovers_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";
 pub const TLS_RELOADS: &str = "readstates_tls_reloads_total";
 

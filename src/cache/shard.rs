@@ -28,6 +28,7 @@ use crate::store::UserWrite;
 use crate::watch::{Change, Feed, Offer};
 
 mod handoff;
+mod rejournal;
 mod replayed;
 
 /// A stream watching a user, and the last version queued to it.
@@ -141,7 +142,7 @@ pub(crate) struct Shard {
     /// When they were replayed (the journal held their changes before).
     replayed_since: Option<Instant>,
     /// Replayed users' writes taken by loads under way.
-    replayed_loading: HashSet<u64>,
+    replayed_loading: HashMap<u64, UserWrite>,
     /// Unwritten read states in this shard, cached or evicted. Per shard
     /// only: a total kept in step would be an atomic shared by every core,
     /// written on every change.
@@ -189,7 +190,7 @@ impl Shard {
             in_flight: HashMap::new(),
             replayed: HashMap::new(),
             replayed_since: None,
-            replayed_loading: HashSet::new(),
+            replayed_loading: HashMap::new(),
             unwritten: 0,
             evicted_total,
             stats: ShardStats::default(),

@@ -187,6 +187,44 @@ pub async fn fence(
     }
 }
 
+/// Takes `dead` out of the ring without its release (its backup does, see
+/// [`super::backup::takeover`]): one epoch gives its slots to the others
+/// and counts them released, so they serve them at once. Its lease must be
+/// revoked already ([`fence`]). Slots it was still to release in the
+/// current epoch are released first (as `ring release --force` does); a
+/// handoff under way among the others is then waited for. Returns the
+/// record made (or found, if `dead` is out of the ring already).
+pub async fn take_over(store: &dyn RingStore, dead: &str) -> Result<RingRecord, AdminError> {
+    loop {
+        let record = store.load().await?;
+        if record.ring.node(dead).is_none() {
+            return Ok(record);
+        }
+        // Slots it was handing over in this epoch: their new owners wait
+        // for a release that will never come.
+        let owes = record.moving().any(|(_, from)| from == Some(dead));
+        if owes && !record.released.contains(dead) {
+            store.release(record.ring.epoch(), dead).await?;
+            continue;
+        }
+        let mut waiting = record.waiting_on(&store.progress().await?);
+        waiting.retain(|node| node != dead);
+        if !waiting.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let next = record.ring.without(dead)?;
+        if !next.owners().iter().any(|&o| o != NO_OWNER) {
+            return Err(AdminError::NoOwnerLeft);
+        }
+        let mut next = record.advance(next);
+        next.released.insert(dead.to_owned());
+        if store.advance(&next).await? {
+            return Ok(next);
+        }
+    }
+}
+
 /// Waits until every owner of `epoch` serves all its slots.
 pub async fn wait_served(
     store: &dyn RingStore,

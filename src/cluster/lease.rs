@@ -281,7 +281,7 @@ impl Holder {
 }
 
 /// A random id for this process (a lease names the incarnation holding it).
-fn incarnation() -> String {
+pub(crate) fn incarnation() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());

@@ -2,7 +2,10 @@
 //! a new owner calls on the previous owner of its slots (see
 //! [`crate::cluster::member`]); `HandOver` (see [`super::hand_over`]); and
 //! for channels counted by channel, `ChangeChannel` at a channel's owner
-//! (see [`super::change_channel`]) and `CopyChannels` from it.
+//! (see [`super::change_channel`]) and `CopyChannels` from it; `Mirror`,
+//! from a node this one backs up (see [`super::mirror`]).
+
+use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
@@ -10,27 +13,38 @@ use super::route::Router;
 use super::validate;
 use crate::channel_state::ChannelState;
 use crate::clock;
+use crate::cluster::backup::held::Backups;
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::fleet_server::Fleet;
 use crate::proto::{
     ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
-    HandOverRequest, HandOverResponse, ReleaseSlotsRequest, ReleaseSlotsResponse,
+    HandOverRequest, HandOverResponse, MirrorRequest, ReleaseSlotsRequest, ReleaseSlotsResponse,
 };
 
 #[derive(Clone, Debug)]
 pub struct FleetService {
     router: Router,
+    backups: Arc<Backups>,
 }
 
 impl FleetService {
-    pub fn new(router: Router) -> FleetService {
-        FleetService { router }
+    pub fn new(router: Router, backups: Arc<Backups>) -> FleetService {
+        FleetService { router, backups }
     }
 }
 
 #[tonic::async_trait]
 impl Fleet for FleetService {
+    type MirrorStream = super::mirror::Responses;
+
+    async fn mirror(
+        &self,
+        request: Request<Streaming<MirrorRequest>>,
+    ) -> Result<Response<Self::MirrorStream>, Status> {
+        super::mirror::handle(self.backups.clone(), request).await
+    }
+
     async fn release_slots(
         &self,
         request: Request<ReleaseSlotsRequest>,

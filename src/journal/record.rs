@@ -17,7 +17,7 @@
 use crate::channel_state::ChannelState;
 use crate::read_state::{Kind, ReadState, UserView, first_thread};
 use crate::recent_deletions::Remembered;
-use crate::store::{decode_lowered, encode_lowered};
+use crate::store::{UserWrite, decode_lowered, encode_lowered};
 
 pub const USER: u8 = 1;
 pub const LOWERED: u8 = 2;
@@ -89,6 +89,28 @@ pub fn append_user(out: &mut Vec<u8>, user_id: u64, since: u64, user: UserView<'
     }
     out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
     end(out, start);
+}
+
+/// Appends the entries of a write not made yet (a user replayed and not
+/// loaded): its rows, and what it is remembered lowered for.
+pub fn append_write(out: &mut Vec<u8>, write: &UserWrite) {
+    let start = begin(out, USER);
+    put(out, write.user_id);
+    put(out, write.version);
+    put(out, write.delta_floor);
+    put(out, write.clear_below.unwrap_or(0));
+    out.extend_from_slice(&(write.read_states.len() as u32).to_le_bytes());
+    for state in &write.read_states {
+        let parent = match state.kind {
+            Kind::Thread => write.parents.get(&state.channel_id).copied().unwrap_or(0),
+            _ => 0,
+        };
+        put_row(out, state, parent);
+    }
+    end(out, start);
+    if !write.lowered.is_empty() {
+        append_lowered(out, write.user_id, &write.lowered);
+    }
 }
 
 /// Appends an entry of what `user_id` is remembered lowered for.

@@ -61,10 +61,7 @@ pub fn read_dir(dir: &Path, skip_corrupt: bool) -> Result<Replayed, JournalError
         read_segment(path, skip_corrupt, &mut collapsing, &mut replayed)?;
     }
     replayed.segments = numbered.into_iter().map(|(_, path)| path).collect();
-    replayed.users = (collapsing.users.into_iter())
-        .map(|(user_id, user)| (user_id, user.into_write(user_id)))
-        .collect();
-    replayed.channels = collapsing.channels.into_values().collect();
+    (replayed.users, replayed.channels) = collapsing.into_parts();
     Ok(replayed)
 }
 
@@ -140,9 +137,11 @@ fn cut(path: &Path, len: u64) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io(path, &e))
 }
 
-/// Records collapsed so far.
+/// Journal records collapsed as they are read: per user the newest row of
+/// each key, per channel its newest state. Replay collapses a directory;
+/// a backup (`crate::cluster::backup`) collapses what a node streams it.
 #[derive(Debug, Default)]
-struct Collapsing {
+pub struct Collapsing {
     users: HashMap<u64, User>,
     channels: HashMap<u64, ChannelState>,
 }
@@ -157,7 +156,8 @@ struct User {
 }
 
 impl Collapsing {
-    fn add(&mut self, record: Record) {
+    /// Takes in one record: the higher version wins, whatever the order.
+    pub fn add(&mut self, record: Record) {
         match record {
             Record::User(record) => self.users.entry(record.user_id).or_default().add(record),
             Record::Lowered { user_id, lowered } => {
@@ -176,6 +176,31 @@ impl Collapsing {
                 }
             }
         }
+    }
+}
+
+impl Collapsing {
+    /// Forgets a user (the store holds what was collected of it).
+    pub fn remove_user(&mut self, user_id: u64) {
+        self.users.remove(&user_id);
+    }
+
+    /// Forgets a channel (the store holds what was collected of it).
+    pub fn remove_channel(&mut self, channel_id: u64) {
+        self.channels.remove(&channel_id);
+    }
+
+    /// Users and channels held.
+    pub fn len(&self) -> (usize, usize) {
+        (self.users.len(), self.channels.len())
+    }
+
+    /// What was collected: one write per user, each channel's state.
+    pub fn into_parts(self) -> (HashMap<u64, UserWrite>, Vec<ChannelState>) {
+        let users = (self.users.into_iter())
+            .map(|(user_id, user)| (user_id, user.into_write(user_id)))
+            .collect();
+        (users, self.channels.into_values().collect())
     }
 }
 

@@ -36,6 +36,12 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
     loop {
         let started = Instant::now();
         let (batch, records, end, stop) = next_batch(shared, !retained.is_empty());
+        // Sent on while this thread syncs (a batch retried here was sent).
+        if let Some(replica) = shared.replica.get()
+            && !batch.is_empty()
+        {
+            replica.batch(&batch, end);
+        }
         let bytes = if retained.is_empty() {
             batch
         } else {
@@ -125,6 +131,7 @@ fn next_batch(shared: &Shared, retrying: bool) -> (Vec<u8>, u64, u64, bool) {
     let records = std::mem::take(&mut appending.records);
     // Read under the lock: every append adds to both together.
     let end = shared.appended.load(Ordering::Acquire);
+    shared.taken.store(end, Ordering::Release);
     (batch, records, end, appending.stop)
 }
 

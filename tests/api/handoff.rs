@@ -16,7 +16,8 @@ use readstates::proto::fleet_server::{Fleet, FleetServer};
 use readstates::proto::{
     ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
     HandOverRequest, HandOverResponse, HandedReadState, HandedUser, MessageCreatedRequest,
-    MessageDeletedRequest, ReleaseSlotsRequest, ReleaseSlotsResponse,
+    MessageDeletedRequest, MirrorRequest, MirrorResponse, ReleaseSlotsRequest,
+    ReleaseSlotsResponse,
 };
 use readstates::read_state::{Kind, ReadState};
 use readstates::store::memory::MemoryStore;
@@ -36,6 +37,14 @@ struct FakeX {
 
 #[tonic::async_trait]
 impl Fleet for FakeX {
+    type MirrorStream = futures::stream::Empty<Result<MirrorResponse, Status>>;
+
+    async fn mirror(
+        &self,
+        _request: Request<Streaming<MirrorRequest>>,
+    ) -> Result<Response<Self::MirrorStream>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn release_slots(
         &self,
         _request: Request<ReleaseSlotsRequest>,

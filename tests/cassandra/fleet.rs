@@ -4,8 +4,8 @@
 //! meanwhile weights change and a node is stopped (SIGTERM) and started
 //! again. Users move between nodes warm (handed over from memory).
 //! Cassandra then holds every acknowledged change, and no count above the
-//! messages sent. A `kill -9` loses at most what the write delay holds,
-//! on that node only.
+//! messages sent. A `kill -9` of a node that never comes back loses
+//! nothing either: its backup takes over.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -94,6 +94,25 @@ impl Fleet {
             }
         }
         fleet
+    }
+
+    /// Waits until the node at `index` streams to a backup that holds all
+    /// it has unwritten.
+    async fn wait_attached(&self, index: usize, id: &str) {
+        let started = Instant::now();
+        while self
+            .server(index)
+            .metric("readstates_backup_attached")
+            .await
+            < 1.0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{id}'s backup not attached; its log:\n{}",
+                self.server(index).log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until `nodes` nodes are in the ring at weight 100 and every
@@ -198,19 +217,10 @@ impl Fleet {
         (acknowledged, missing, unanswered)
     }
 
-    /// After `crashed` was killed at `at`: stops the others and checks
-    /// Cassandra against `ledger` (printing the figures of `what`): only
-    /// users `crashed` owned in `owners` lost acks, and only those of its
-    /// last write delay (1 s, plus one write, with room for this shared
-    /// machine).
-    async fn stop_after_crash(
-        &mut self,
-        what: &str,
-        ledger: &Ledger,
-        crashed: &str,
-        owners: &readstates_routing::Ring,
-        at: Instant,
-    ) {
+    /// After a node was killed at `at` (and its backup took over): stops
+    /// the others and checks Cassandra against `ledger`, printing the
+    /// figures of `what`: no acknowledged ack is lost.
+    async fn stop_after_crash(&mut self, what: &str, ledger: &Ledger, at: Instant) {
         for server in self.servers.iter_mut().filter_map(Option::take) {
             let _ = tokio::task::block_in_place(|| server.terminate());
         }
@@ -226,15 +236,8 @@ impl Fleet {
              before the kill",
             missing.len()
         );
-        for &(user_id, _) in &missing {
-            let owner = &owners.owner_of(user_id).unwrap().id;
-            assert_eq!(owner, crashed, "user {user_id} of {owner} lost an ack");
-        }
         assert!(acknowledged > 100, "the load ran: {acknowledged}");
-        assert!(
-            oldest <= Duration::from_secs(3),
-            "lost an ack sent {oldest:?} before the kill"
-        );
+        assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
     }
 
     async fn store(&self) -> CassandraStore {
@@ -483,44 +486,154 @@ async fn weight_changes_and_a_restart_under_load_lose_nothing() {
     assert!(handed_in > 0.0, "no user was handed over: {handed} sent");
 }
 
+/// Issue 37: a node lost for good (kill -9, and its journal lost with its
+/// machine: it never starts again) loses no acknowledged change. Its
+/// backup held every change it answered; once the node's lease lapses, the
+/// backup writes them and gives the node's slots to the others, with no
+/// operator, while the clients retry. Every acknowledged ack is in
+/// Cassandra, and every request was answered in the end but those cut
+/// when the node died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_loses_at_most_the_write_delay_on_that_node_only() {
-    let mut fleet = Fleet::start("fleet_crash").await;
+async fn a_lost_node_loses_nothing_and_its_users_are_served_elsewhere_within_seconds() {
+    let mut fleet = Fleet::start("fleet_lost").await;
+    for (index, id) in IDS.iter().enumerate() {
+        fleet.wait_attached(index, id).await;
+    }
     let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
-    let record = fleet.ring.load().await.unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let crash = async {
+    let ring = fleet.ring.clone();
+    let lose = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let at = Instant::now();
         fleet.server(1).crash();
-        // Clients give up on n2's users after their 10 s of retries.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        let taken_over = loop {
+            let record = ring.load().await.expect("ring");
+            if record.ring.node("n2").is_none()
+                && admin::wait_served(&*ring, record.ring.epoch(), Duration::from_millis(100))
+                    .await
+                    .is_ok()
+            {
+                break at.elapsed();
+            }
+            assert!(
+                at.elapsed() < Duration::from_secs(30),
+                "n2 not taken over: {:?}",
+                record.ring
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // The clients' retries meanwhile reach the new owners.
+        tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, Ordering::SeqCst);
-        at
+        taken_over
     };
     let routes = fleet.routes().await;
-    let (ledger, crashed_at) = tokio::join!(load(routes, first, stop.clone()), crash);
-    fleet
-        .stop_after_crash(
-            "kill -9 of one of three nodes",
-            &ledger,
-            "n2",
-            &record.ring,
-            crashed_at,
-        )
+    let (ledger, taken_over) = tokio::join!(load(routes, first, stop.clone()), lose);
+    drop(fleet.servers[1].take());
+    let takeovers = fleet
+        .metric("readstates_takeovers_total{result=\"done\"}")
         .await;
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
+    println!(
+        "a lost node: {acknowledged} acks acknowledged, {} missing; {} requests failed in the \
+         end ({:?}); {unanswered} unanswered counts; served elsewhere {taken_over:?} after \
+         the kill",
+        missing.len(),
+        ledger.errors,
+        ledger.first_error,
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
+    assert_eq!(takeovers, 1.0, "taken over by its backup");
+    // Only the requests under way on n2 when it died may fail (the
+    // connection cut: UNKNOWN, whether applied or not), one per client.
+    assert!(
+        ledger.errors <= CLIENTS,
+        "{} requests failed, after 10 s of retries: {:?}",
+        ledger.errors,
+        ledger.first_error
+    );
+}
+
+/// Issue 37: a change is answered only once the node's backup holds it.
+/// n1's backup is n2 (the next node by id). With n2 frozen (SIGSTOP), an
+/// ack to n1 waits for it, until the connection's keepalive (1 s, 2 s to
+/// answer) gives n2 up; then it is answered on n1's journal alone, and
+/// `readstates_backup_attached` says so. n2, frozen past its lease, is
+/// fenced and taken over by its own backup, n3; n1 then streams to n3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_waits_for_the_backup_and_a_frozen_backup_is_given_up() {
+    let mut fleet = Fleet::start("fleet_frozen_backup").await;
+    for (index, id) in IDS.iter().enumerate() {
+        fleet.wait_attached(index, id).await;
+    }
+    let record = fleet.ring.load().await.unwrap();
+    let first = fresh_users(1_000);
+    let user = (first..first + 1_000)
+        .find(|&u| record.ring.owner_of(u).is_some_and(|n| n.id == "n1"))
+        .expect("a user of n1");
+    let mut client = fleet.server(0).client().await;
+    client.ack(ack(user, 1, 10)).await.expect("ack");
+    fleet.server(1).freeze();
+    let sent = Instant::now();
+    let answer = client.ack(ack(user, 1, 11)).await;
+    let waited = sent.elapsed();
+    assert!(answer.is_ok_and(|a| a.into_inner().applied));
+    assert!(
+        waited >= Duration::from_secs(1),
+        "answered after {waited:?}, before n1 gave its frozen backup up"
+    );
+    assert_eq!(
+        fleet.server(0).metric("readstates_backup_attached").await,
+        0.0
+    );
+    let taken_over = loop {
+        let now = fleet.ring.load().await.unwrap();
+        if now.ring.node("n2").is_none() {
+            break sent.elapsed();
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(30),
+            "n2 not taken over; n3's log:\n{}\nn1's log:\n{}",
+            fleet.server(2).log(),
+            fleet.server(0).log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    fleet.wait_attached(0, "n1").await;
+    println!(
+        "an ack to n1 with its backup frozen answered after {waited:?}; the frozen backup \
+         taken over {taken_over:?} after it froze"
+    );
+    fleet.server(1).resume();
+    let store = fleet.store().await;
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let stored = store.load(user).await.unwrap();
+    let acked = (stored.read_states.iter())
+        .find(|s| s.channel_id == 1)
+        .map(|s| s.last_acked_id);
+    assert_eq!(acked, Some(11));
 }
 
 /// A `kill -9` of a node while it hands users over: the receiver, frozen
 /// (SIGSTOP) before the ring change, takes no part, so the sender is caught
-/// mid-handoff, still serving the users it copies; it is killed there. The
-/// receiver, resumed, serves the slots from Cassandra once an operator
-/// forces the dead node's release (what a cut handoff installed is dropped:
+/// mid-handoff, still serving the users it copies; it is killed there and
+/// never comes back. Its backup (n2) writes what it had unwritten, releases
+/// what it was handing over and takes it out of the ring; the receiver,
+/// resumed, serves the slots from Cassandra (what a cut handoff installed
+/// is dropped:
 /// `a_handoff_still_open_when_the_slot_is_released_leaves_nothing_behind`).
-/// Only the killed node's users lose acks, and only those of its last write
-/// delay.
+/// No acknowledged ack is lost. Before backups (issue 37) an operator forced
+/// the release, and the last write delay of the node's acks was lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only() {
+async fn a_kill_during_a_handoff_loses_nothing() {
     let mut fleet = Fleet::start("fleet_kill_handoff").await;
     let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
     let stop = Arc::new(AtomicBool::new(false));
@@ -564,16 +677,16 @@ async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only
         let at = Instant::now();
         sender.crash();
         fleet.server(2).resume();
-        admin::release(&*fleet.ring, "n1", true, Some(LeaseConfig::default()))
-            .await
-            .expect("forced release");
-        // n2 and n3 serve all their slots (n1, dead, still owns some).
+        // Its backup, n2, takes over: releases what n1 was handing over,
+        // then takes n1 out of the ring.
         let started = Instant::now();
         loop {
+            let now = fleet.ring.load().await.expect("ring");
             let progress = fleet.ring.progress().await.expect("progress");
-            if ["n2", "n3"]
-                .iter()
-                .all(|n| progress.get(*n) >= Some(&epoch))
+            if now.ring.node("n1").is_none()
+                && ["n2", "n3"]
+                    .iter()
+                    .all(|n| progress.get(*n) >= Some(&now.ring.epoch()))
             {
                 break;
             }
@@ -585,20 +698,14 @@ async fn a_kill_during_a_handoff_loses_at_most_the_write_delay_on_that_node_only
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
         stop.store(true, Ordering::SeqCst);
-        (record, at, handing)
+        (at, handing)
     };
     let routes = fleet.routes().await;
-    let (ledger, (record, killed_at, handing)) =
-        tokio::join!(load(routes, first, stop.clone()), kill);
+    let (ledger, (killed_at, handing)) = tokio::join!(load(routes, first, stop.clone()), kill);
     assert!(handing, "n1 was not handing users over when killed");
+    drop(fleet.servers[0].take());
     fleet
-        .stop_after_crash(
-            "kill -9 of a node mid-handoff",
-            &ledger,
-            "n1",
-            &record.previous,
-            killed_at,
-        )
+        .stop_after_crash("kill -9 of a node mid-handoff", &ledger, killed_at)
         .await;
 }
 

@@ -195,6 +195,11 @@ impl Server {
         scrape::value(&text, series)
     }
 
+    /// Every log line so far (to print when a test fails).
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
     /// The log lines whose `message` is `message`.
     pub fn logged(&self, message: &str) -> Vec<serde_json::Value> {
         let log = self.log.lock().unwrap();

@@ -37,7 +37,7 @@ impl Shard {
     /// a shutdown's drain nor a handoff takes it for written.
     pub(crate) fn take_replayed_for_load(&mut self, user_id: u64) -> Option<UserWrite> {
         let write = self.replayed.remove(&user_id)?;
-        self.replayed_loading.insert(user_id);
+        self.replayed_loading.insert(user_id, write.clone());
         Some(write)
     }
 
@@ -102,6 +102,11 @@ impl Shard {
         }
     }
 
+    /// Replayed writes not made yet, beside the cache or with a load.
+    pub(super) fn replayed_writes(&self) -> impl Iterator<Item = &UserWrite> + '_ {
+        (self.replayed.values()).chain(self.replayed_loading.values())
+    }
+
     /// Replayed users not written yet and beside the cache, for the final
     /// drain.
     pub(crate) fn replayed_users(&self) -> impl Iterator<Item = u64> + '_ {
@@ -112,7 +117,7 @@ impl Shard {
     /// (which may give them back), for releases.
     pub(crate) fn replayed_pending(&self) -> impl Iterator<Item = u64> + '_ {
         (self.replayed.keys())
-            .chain(&self.replayed_loading)
+            .chain(self.replayed_loading.keys())
             .copied()
     }
 

@@ -136,3 +136,47 @@ fn a_file_of_another_format_stops_the_start() {
         Err(JournalError::Corrupt { offset: 0, .. })
     ));
 }
+
+/// Issue 37: a write not made yet (a replayed user), journaled again for a
+/// new backup, reads back as the same write.
+#[test]
+fn a_write_journaled_again_reads_back_the_same() {
+    use crate::recent_deletions::{Deletion, Remembered};
+    let state = |kind, channel_id, version| ReadState {
+        channel_id,
+        last_acked_id: 7,
+        last_message_id: 9,
+        version,
+        mention_count: 1,
+        unread_count: 2,
+        kind,
+        deleted: false,
+        muted: false,
+    };
+    let write = UserWrite {
+        user_id: 42,
+        version: 300,
+        delta_floor: 50,
+        clear_below: Some(200),
+        read_states: vec![state(Kind::Channel, 5, 250), state(Kind::Thread, 9, 300)],
+        parents: [(9, 5)].into_iter().collect(),
+        lowered: vec![Remembered {
+            deletion: Deletion {
+                channel_id: 5,
+                message_id: 8,
+                kind: Kind::Channel,
+            },
+            until_ms: 1_000,
+        }],
+    };
+    let mut frames = Vec::new();
+    record::frame(&mut frames, |out| record::append_write(out, &write));
+    let (records, len) = record::read(&frames).expect("reads");
+    assert_eq!(len, frames.len());
+    let mut collapsing = Collapsing::default();
+    records.into_iter().for_each(|r| collapsing.add(r));
+    let (mut users, _) = collapsing.into_parts();
+    let mut read = users.remove(&42).expect("the user");
+    read.read_states.sort_by_key(|s| s.channel_id);
+    assert_eq!(read, write);
+}

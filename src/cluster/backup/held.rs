@@ -1,0 +1,222 @@
+//! The holding side of a backup: what this node holds for the nodes it
+//! backs up, collapsed per user and per channel as their streams bring it
+//! (newest version wins, as in a replay), and dropped once the sender
+//! reports it written. A stream its sender ends lets go of what it held
+//! (the sender chose another backup, or stopped having written
+//! everything); a stream that breaks keeps it, for a takeover should the
+//! sender be dead ([`super::takeover`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use metrics::gauge;
+
+use crate::channel_state::ChannelState;
+use crate::journal::record::{self, Record};
+use crate::journal::replay::Collapsing;
+use crate::metrics::{BACKUP_HELD_CHANNELS, BACKUP_HELD_USERS, BACKUP_STREAMS};
+use crate::store::UserWrite;
+
+/// What this node holds for others, by sending node.
+#[derive(Debug, Default)]
+pub struct Backups {
+    nodes: Mutex<Nodes>,
+}
+
+#[derive(Debug, Default)]
+struct Nodes {
+    by_id: HashMap<String, Held>,
+    /// Numbers the streams, so that a stream replaced by a newer one from
+    /// the same node changes nothing.
+    streams: u64,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    stream: u64,
+    collapsing: Collapsing,
+    /// The end of the last batch that touched each user and channel.
+    users: HashMap<u64, u64>,
+    channels: HashMap<u64, u64>,
+    /// Every batch up to here is held.
+    held: u64,
+    /// Everything the sender had unwritten is held once `held` reaches it.
+    complete_at: Option<u64>,
+    /// The stream broke without its sender ending it.
+    broken: bool,
+}
+
+/// What a node that died had unwritten, as its backup held it.
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub users: Vec<UserWrite>,
+    pub channels: Vec<ChannelState>,
+}
+
+impl Held {
+    fn complete(&self) -> bool {
+        self.complete_at.is_some_and(|at| self.held >= at)
+    }
+}
+
+impl Backups {
+    pub fn new() -> Arc<Backups> {
+        Arc::new(Backups::default())
+    }
+
+    /// A stream from `node` opens: it replaces what an earlier one held
+    /// (the sender journals all it has unwritten again). Returns its number.
+    pub fn open(&self, node: &str) -> u64 {
+        let mut nodes = self.lock();
+        nodes.streams += 1;
+        let stream = nodes.streams;
+        nodes.by_id.insert(
+            node.to_owned(),
+            Held {
+                stream,
+                ..Held::default()
+            },
+        );
+        drop(nodes);
+        self.report();
+        stream
+    }
+
+    /// A batch of journal frames, appended by the sender up to `end`.
+    /// Returns how far this node holds the sender's batches, or why the
+    /// frames do not read.
+    pub fn batch(&self, node: &str, stream: u64, frames: &[u8], end: u64) -> Result<u64, String> {
+        let mut nodes = self.lock();
+        let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
+            return Err("replaced by a newer stream from the same node".into());
+        };
+        let mut at = 0;
+        while at < frames.len() {
+            let Some((records, len)) = record::read(&frames[at..]) else {
+                return Err(format!("a frame at offset {at} of a batch does not read"));
+            };
+            for record in records {
+                match &record {
+                    Record::User(user) => held.users.insert(user.user_id, end),
+                    Record::Lowered { user_id, .. } => held.users.insert(*user_id, end),
+                    Record::Channel(channel) => held.channels.insert(channel.channel_id(), end),
+                };
+                held.collapsing.add(record);
+            }
+            at += len;
+        }
+        held.held = held.held.max(end);
+        let reached = held.held;
+        drop(nodes);
+        self.report();
+        Ok(reached)
+    }
+
+    /// What `node` appended up to `through` is in its store: dropped here.
+    pub fn trimmed(&self, node: &str, stream: u64, through: u64) {
+        let mut nodes = self.lock();
+        let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
+            return;
+        };
+        let Held {
+            collapsing,
+            users,
+            channels,
+            ..
+        } = held;
+        users.retain(|&user_id, &mut end| {
+            let keep = end > through;
+            if !keep {
+                collapsing.remove_user(user_id);
+            }
+            keep
+        });
+        channels.retain(|&channel_id, &mut end| {
+            let keep = end > through;
+            if !keep {
+                collapsing.remove_channel(channel_id);
+            }
+            keep
+        });
+        drop(nodes);
+        self.report();
+    }
+
+    /// `node` holds everything unwritten once this node holds up to `at`.
+    pub fn complete_at(&self, node: &str, stream: u64, at: u64) {
+        let mut nodes = self.lock();
+        if let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) {
+            held.complete_at = Some(at);
+        }
+    }
+
+    /// The sender ended the stream: it needs nothing held any more.
+    pub fn ended(&self, node: &str, stream: u64) {
+        let mut nodes = self.lock();
+        if nodes.by_id.get(node).is_some_and(|h| h.stream == stream) {
+            nodes.by_id.remove(node);
+        }
+        drop(nodes);
+        self.report();
+    }
+
+    /// The stream broke: what it brought is kept, in case `node` is dead.
+    pub fn broke(&self, node: &str, stream: u64) {
+        let mut nodes = self.lock();
+        if let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) {
+            held.broken = true;
+        }
+    }
+
+    /// Nodes whose stream broke after this node held all they had
+    /// unwritten, with the number of the stream: each may be dead.
+    pub fn broken(&self) -> Vec<(String, u64)> {
+        (self.lock().by_id.iter())
+            .filter(|(_, held)| held.broken && held.complete())
+            .map(|(node, held)| (node.clone(), held.stream))
+            .collect()
+    }
+
+    /// Takes what stream `stream` of `node` brought, unless a newer stream
+    /// replaced it: the node is dead, and this node writes it.
+    pub fn take(&self, node: &str, stream: u64) -> Option<Taken> {
+        let mut nodes = self.lock();
+        if nodes.by_id.get(node).is_none_or(|h| h.stream != stream) {
+            return None;
+        }
+        let held = nodes.by_id.remove(node)?;
+        drop(nodes);
+        self.report();
+        let (users, channels) = held.collapsing.into_parts();
+        Some(Taken {
+            users: users.into_values().collect(),
+            channels,
+        })
+    }
+
+    /// Users and channels held for `node`, and whether all it had
+    /// unwritten (for tests and the log).
+    pub fn held_for(&self, node: &str) -> Option<(usize, usize, bool)> {
+        let nodes = self.lock();
+        let held = nodes.by_id.get(node)?;
+        let (users, channels) = held.collapsing.len();
+        Some((users, channels, held.complete()))
+    }
+
+    fn report(&self) {
+        let nodes = self.lock();
+        let (users, channels) = (nodes.by_id.values())
+            .map(|h| h.collapsing.len())
+            .fold((0, 0), |(u, c), (hu, hc)| (u + hu, c + hc));
+        gauge!(BACKUP_HELD_USERS).set(users as f64);
+        gauge!(BACKUP_HELD_CHANNELS).set(channels as f64);
+        gauge!(BACKUP_STREAMS).set(nodes.by_id.len() as f64);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Nodes> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

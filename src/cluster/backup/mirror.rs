@@ -1,0 +1,245 @@
+//! The sending side of a backup: this node's journal batches, streamed to
+//! its backup (`Fleet.Mirror`), and the wait that makes a change answered
+//! only once the backup holds it.
+//!
+//! [`Mirror::run`] follows the ring: it opens a stream to the node's
+//! backup, then journals everything unwritten again ([`Cache::rejournal`])
+//! so that the backup is complete once it holds up to there. Batches go
+//! through a bounded queue: a backup that falls that far behind, or whose
+//! stream breaks, is dropped, and changes rest on this node's journal
+//! alone until a backup is complete again (`readstates_backup_attached`).
+//!
+//! [`Cache::rejournal`]: crate::cache::Cache::rejournal
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use metrics::{counter, gauge};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use super::{FORMAT, backup_of};
+use crate::cluster::lease::incarnation;
+use crate::cluster::member::Member;
+use crate::cluster::peers::GrpcPeers;
+use crate::journal::{Journal, Replica};
+use crate::metrics::{BACKUP_ATTACHED, BACKUP_DETACHED};
+use crate::proto::fleet_client::FleetClient;
+use crate::proto::mirror_request::Part;
+use crate::proto::{MirrorBatch, MirrorRequest, MirrorStart};
+
+/// How long a node waits before trying a backup again.
+const RETRY: Duration = Duration::from_secs(1);
+/// How often the stream looks whether the ring names another backup, and
+/// tells the backup it lives (see `grpc::mirror::SILENCE`).
+const RING_CHECK: Duration = Duration::from_millis(500);
+/// Messages queued for the backup: a batch is a group commit's worth, so
+/// this is a second or more of load; a backup further behind is dropped.
+const QUEUE: usize = 4096;
+
+/// This node's backup stream, as the journal sees it.
+#[derive(Debug)]
+pub struct Mirror {
+    state: watch::Sender<Attached>,
+    /// Where batches go while a stream is open.
+    outbox: Mutex<Option<mpsc::Sender<MirrorRequest>>>,
+    /// The last trim reported, sent again as a heartbeat.
+    trimmed: AtomicU64,
+}
+
+/// The backup as the waiting changes see it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Attached {
+    /// A stream is open: changes wait for it.
+    on: bool,
+    /// It holds everything unwritten once it holds up to here.
+    complete_at: u64,
+    /// It holds every batch up to here.
+    held: u64,
+}
+
+impl Attached {
+    fn holds(&self, upto: u64) -> bool {
+        self.held >= upto.max(self.complete_at)
+    }
+}
+
+impl Mirror {
+    pub fn new() -> Arc<Mirror> {
+        gauge!(BACKUP_ATTACHED).set(0.0);
+        Arc::new(Mirror {
+            state: watch::Sender::new(Attached::default()),
+            outbox: Mutex::new(None),
+            trimmed: AtomicU64::new(0),
+        })
+    }
+
+    /// Streams to this node's backup, as the ring names it, until `stop`.
+    pub async fn run(
+        self: Arc<Self>,
+        member: Member,
+        peers: Arc<GrpcPeers>,
+        journal: Arc<Journal>,
+        stop: CancellationToken,
+    ) {
+        let incarnation = incarnation();
+        loop {
+            let ring = member.ring();
+            if let Some(backup) = backup_of(&ring.ring, member.id()).cloned() {
+                let to = Stream {
+                    member: &member,
+                    peers: &peers,
+                    journal: &journal,
+                    backup: &backup,
+                    incarnation: &incarnation,
+                };
+                let streamed = tokio::select! {
+                    result = self.stream(to) => result,
+                    () = stop.cancelled() => Ok(()),
+                };
+                self.detach();
+                match streamed {
+                    Ok(()) => counter!(BACKUP_DETACHED, "reason" => "ring").increment(1),
+                    Err(e) => {
+                        counter!(BACKUP_DETACHED, "reason" => "error").increment(1);
+                        tracing::warn!(backup = %backup.id, error = %e, "backup stream ended; changes rest on this node's journal alone until a backup holds them again");
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(RETRY) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// One stream: `Ok` once the ring names another backup.
+    async fn stream(&self, to: Stream<'_>) -> Result<(), String> {
+        let channel = to.peers.channel(&to.backup.address)?;
+        let (outbox, queued) = mpsc::channel(QUEUE);
+        let start = MirrorRequest {
+            part: Some(Part::Start(MirrorStart {
+                node: to.member.id().to_owned(),
+                incarnation: to.incarnation.to_owned(),
+                format: FORMAT,
+            })),
+        };
+        let requests = tokio_stream::once(start).chain(ReceiverStream::new(queued));
+        // Batches taken from here on go to the stream; what the store lacks
+        // from before is journaled again after them.
+        *self.outbox() = Some(outbox.clone());
+        let rejournaled = to.member.cache().rejournal();
+        // With nothing unwritten, the backup is complete from the start,
+        // and what the writer took before is nothing it needs (no later
+        // batch may come to say it holds that).
+        let (complete_at, held) = match rejournaled {
+            0 => (0, to.journal.taken()),
+            _ => (to.journal.appended(), 0),
+        };
+        let complete = Part::CompleteAt(complete_at);
+        (outbox.try_send(MirrorRequest {
+            part: Some(complete),
+        }))
+        .map_err(|e| e.to_string())?;
+        let attached = Attached {
+            on: true,
+            complete_at,
+            held,
+        };
+        self.state.send_replace(attached);
+        gauge!(BACKUP_ATTACHED).set(if attached.holds(0) { 1.0 } else { 0.0 });
+        let mut responses = FleetClient::new(channel)
+            .mirror(to.peers.request(requests))
+            .await
+            .map_err(|s| format!("{}: {}", s.code(), s.message()))?
+            .into_inner();
+        tracing::info!(backup = %to.backup.id, "backup stream open");
+        let mut check = tokio::time::interval(RING_CHECK);
+        loop {
+            tokio::select! {
+                response = responses.next() => match response {
+                    Some(Ok(response)) => {
+                        self.state.send_modify(|s| s.held = s.held.max(response.held));
+                        let complete = self.state.borrow().holds(0);
+                        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
+                    }
+                    Some(Err(status)) => {
+                        return Err(format!("{}: {}", status.code(), status.message()));
+                    }
+                    None => return Err("the backup ended the stream".into()),
+                },
+                _ = check.tick() => {
+                    let ring = to.member.ring();
+                    let now = backup_of(&ring.ring, to.member.id());
+                    if now != Some(to.backup) {
+                        return Ok(());
+                    }
+                    if self.outbox().is_none() {
+                        return Err("the backup fell behind".into());
+                    }
+                    self.send(Part::Trimmed(self.trimmed.load(Ordering::Acquire)));
+                }
+            }
+        }
+    }
+
+    /// No stream: the waiting changes rest on the journal alone.
+    fn detach(&self) {
+        *self.outbox() = None;
+        self.state.send_replace(Attached::default());
+        gauge!(BACKUP_ATTACHED).set(0.0);
+    }
+
+    fn outbox(&self) -> MutexGuard<'_, Option<mpsc::Sender<MirrorRequest>>> {
+        self.outbox.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `part` for the backup; one that cannot take it is dropped.
+    fn send(&self, part: Part) {
+        let mut outbox = self.outbox();
+        let Some(sender) = outbox.as_ref() else {
+            return;
+        };
+        if sender.try_send(MirrorRequest { part: Some(part) }).is_err() {
+            *outbox = None;
+            drop(outbox);
+            self.state.send_replace(Attached::default());
+            gauge!(BACKUP_ATTACHED).set(0.0);
+        }
+    }
+}
+
+/// What one stream needs.
+#[derive(Clone, Copy)]
+struct Stream<'a> {
+    member: &'a Member,
+    peers: &'a GrpcPeers,
+    journal: &'a Journal,
+    backup: &'a readstates_routing::Node,
+    incarnation: &'a str,
+}
+
+#[async_trait]
+impl Replica for Mirror {
+    fn batch(&self, frames: &[u8], end: u64) {
+        self.send(Part::Batch(MirrorBatch {
+            frames: frames.to_vec(),
+            end,
+        }));
+    }
+
+    async fn held(&self, upto: u64) {
+        let mut state = self.state.subscribe();
+        // Never closed: the sender lives in `self`.
+        let _ = state.wait_for(|s| !s.on || s.holds(upto)).await;
+    }
+
+    fn trimmed(&self, through: u64) {
+        self.trimmed.fetch_max(through, Ordering::AcqRel);
+        self.send(Part::Trimmed(through));
+    }
+}

@@ -1,0 +1,146 @@
+//! A dead node's users served elsewhere, with nothing acknowledged lost and
+//! no operator: its backup takes over.
+//!
+//! When a backup's stream from a node breaks after the backup held all the
+//! node had unwritten ([`Backups::broken`]), the backup watches the node's
+//! lease. Renewed: the node lives (it will stream again). Lapsed for the
+//! lease plus its margin: the backup revokes it, so the node, should it
+//! wake, serves nothing ([`crate::cluster::lease`]); writes what it holds
+//! to the store (newest version wins there, so nothing of it can undo a
+//! later change); then makes the epoch that gives the node's slots to the
+//! others, released at once ([`admin::take_over`]). They load the users
+//! from the store, which now holds every change the node answered.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use metrics::counter;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::held::{Backups, Taken};
+use crate::cluster::admin;
+use crate::cluster::lease::{self, LeaseConfig, Seen};
+use crate::cluster::ring_store::RingStore;
+use crate::metrics::TAKEOVERS;
+use crate::store::Store;
+
+/// How often broken streams are looked for.
+const POLL: Duration = Duration::from_millis(200);
+/// Writes of a dead node's users at once.
+const WRITES: usize = 32;
+/// How long a failed write rests before it is tried again.
+const RETRY: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Debug)]
+pub struct Takeover {
+    pub backups: Arc<Backups>,
+    pub ring_store: Arc<dyn RingStore>,
+    pub store: Arc<dyn Store>,
+    pub lease: LeaseConfig,
+}
+
+impl Takeover {
+    /// Watches the nodes this node backs up until `stop`.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut watching: HashSet<(String, u64)> = HashSet::new();
+        let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+        loop {
+            for broken in self.backups.broken() {
+                if watching.insert(broken.clone()) {
+                    let (takeover, done, stop) = (self.clone(), done.clone(), stop.clone());
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            () = takeover.watch(&broken.0, broken.1) => {}
+                            () = stop.cancelled() => {}
+                        }
+                        let _ = done.send(broken);
+                    });
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {}
+                Some(ended) = finished.recv() => {
+                    watching.remove(&ended);
+                }
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+
+    /// Watches `node`, whose stream `stream` broke, until it streams again
+    /// (it lives) or its lease lapses (taken over).
+    async fn watch(&self, node: &str, stream: u64) {
+        let started = Instant::now();
+        loop {
+            let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
+            if !still_broken() {
+                return;
+            }
+            match lease::watch(&*self.ring_store, node, self.lease).await {
+                Ok(Seen::Live) => continue,
+                Ok(Seen::Lapsed(seen)) => match lease::revoke(&*self.ring_store, node, &seen).await
+                {
+                    Ok(true) => break,
+                    Ok(false) => continue,
+                    Err(e) => tracing::warn!(node, error = %e, "cannot revoke a lapsed lease"),
+                },
+                // Released or revoked already: it serves nothing.
+                Ok(Seen::Free(_)) => break,
+                Err(e) => tracing::warn!(node, error = %e, "cannot read a lease"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        let Some(taken) = self.backups.take(node, stream) else {
+            return;
+        };
+        let (users, channels) = (taken.users.len(), taken.channels.len());
+        tracing::warn!(
+            node,
+            users,
+            channels,
+            "a node this one backs up is dead (its lease lapsed): writing what it had unwritten, then taking it out of the ring"
+        );
+        self.write(taken).await;
+        let written = started.elapsed();
+        match admin::take_over(&*self.ring_store, node).await {
+            Ok(record) => {
+                counter!(TAKEOVERS, "result" => "done").increment(1);
+                tracing::warn!(
+                    node,
+                    users,
+                    epoch = record.ring.epoch(),
+                    written_ms = written.as_millis() as u64,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "taken over: its slots go to the other nodes"
+                );
+            }
+            Err(e) => {
+                counter!(TAKEOVERS, "result" => "failed").increment(1);
+                tracing::error!(node, error = %e, "what it had unwritten is written, but its slots could not be given to others; `readstates ring remove` it");
+            }
+        }
+    }
+
+    /// Writes every user and channel of `taken`, retrying each until the
+    /// store takes it.
+    async fn write(&self, taken: Taken) {
+        let store = &self.store;
+        futures::stream::iter(taken.users)
+            .for_each_concurrent(WRITES, |write| async move {
+                while let Err(e) = store.write(&write).await {
+                    tracing::warn!(user_id = write.user_id, error = %e, "cannot write a dead node's user; retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
+            })
+            .await;
+        for channel in taken.channels {
+            while let Err(e) = store.write_channel(&channel).await {
+                tracing::warn!(channel_id = channel.channel_id(), error = %e, "cannot write a dead node's channel; retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+}
