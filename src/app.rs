@@ -300,7 +300,8 @@ impl Application {
                     let copying = tokio::spawn(copier.clone().run(stop.clone()));
                     // Its unwritten changes held by the next node, which
                     // takes over should it die; and the same for others.
-                    let mirror = journal.clone().filter(|j| j.syncs()).map(|journal| {
+                    let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
+                    let mirror = backed_up.map(|journal| {
                         let mirror = Mirror::new();
                         journal.set_replica(mirror.clone());
                         mirror.run(member.clone(), peers.clone(), journal, stop.clone())

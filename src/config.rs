@@ -409,6 +409,14 @@ settings! {
     #[arg(long, env = "READSTATES_LEASE_MARGIN", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     lease_margin: Duration = Duration::from_secs(1);
+    /// A fleet node streams its journal to the next node of the ring, its
+    /// backup, and answers a change once both hold it; should it die, the
+    /// backup writes what it held and gives its slots to the others (see
+    /// docs/failover.md). Needs `journal = "sync"`. `false`: a node lost
+    /// for good loses its last write delay, and its slots wait for it or
+    /// for `readstates ring release --force`.
+    #[arg(long, env = "READSTATES_BACKUP", num_args = 0..=1, default_missing_value = "true")]
+    backup: bool = true;
     /// A fleet node adds itself to the ring at this weight when it is not
     /// in it, and takes back the weight it had when it drained itself (see
     /// `drain_timeout`). Unset: only `readstates ring` changes the ring.
