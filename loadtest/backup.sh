@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# What backups cost (docs/failover.md): two fleets of two nodes on the real
+# Cassandra (scripts/cassandra.sh), one with backups (the default) and one
+# with --backup false, both journaling (--journal sync), measured side by
+# side in alternating closed-loop runs routed to the owners (cluster://).
+# Each line gives each fleet's throughput and its nodes' CPU time per
+# request (from /proc/<pid>/stat, summed over the fleet's two nodes: the
+# backup's work lands on the other node); then one open-loop run each at
+# half the fleet without backups' median rate, for the p99.
+#
+#   loadtest/backup.sh                                 5 pairs of 10 s runs
+#   PAIRS=7 WORKLOAD=loadtest/workloads/mixed.toml loadtest/backup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PAIRS="${PAIRS:-5}"
+DURATION="${DURATION:-10s}"
+WORKLOAD="${WORKLOAD:-loadtest/workloads/acks.toml}"
+OUT=target/loadtest-backup
+
+source loadtest/lib.sh
+# Fleet "on": n1, n2 on 5030N; fleet "off": n1, n2 on 5040N, each in a
+# keyspace of its own (the ring is per keyspace).
+start_fleet "$OUT/on" 2 5030
+on_common=("${common[@]}")
+on_pids=("${pids[@]}")
+sleep 1
+start_fleet "$OUT/off" 2 5040 --backup false
+off_common=("${common[@]}")
+off_pids=("${pids[@]}")
+pids=("${on_pids[@]}" "${off_pids[@]}")
+for n in 1 2; do
+    "$RS" ring "${on_common[@]}" add "n$n" "127.0.0.1:5030$n" --weight 100 --wait 60s >/dev/null
+    "$RS" ring "${off_common[@]}" add "n$n" "127.0.0.1:5040$n" --weight 100 --wait 60s >/dev/null
+done
+# The fleet with backups streams to them once both are in the ring.
+for _ in $(seq 1 100); do
+    attached=$(for n in 1 2; do curl -s "127.0.0.1:930$n/metrics" |
+        awk '/^readstates_backup_attached / { print $2 }'; done | awk '{ s += $1 } END { print s + 0 }')
+    [ "$attached" = 2 ] && break
+    sleep 0.2
+done
+echo "backups attached in the fleet with backups: $attached of 2"
+
+# cpu_ticks PID...: user + system time of processes, in clock ticks.
+cpu_ticks() { for pid in "$@"; do cat "/proc/$pid/stat"; done | awk '{ s += $14 + $15 } END { print s }'; }
+
+# measure NAME FLEET_PORT_PREFIX PIDS... -- [ARGS...]: one run; prints
+# "ok/s cpu-us-per-request p99-ms".
+measure() {
+    local name=$1 prefix=$2 before after
+    shift 2
+    local fleet_pids=()
+    while [ "$1" != "--" ]; do fleet_pids+=("$1"); shift; done
+    shift
+    before=$(cpu_ticks "${fleet_pids[@]}")
+    "$LT" run --workload "$WORKLOAD" --target "$name=cluster://127.0.0.1:${prefix}1" \
+        --duration "$DURATION" --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
+    after=$(cpu_ticks "${fleet_pids[@]}")
+    python3 - "$OUT/$name.json" "$WORKLOAD" "$before" "$after" "$(getconf CLK_TCK)" <<'EOF'
+import json, re, sys, tomllib
+report = json.load(open(sys.argv[1]))
+warmup = tomllib.load(open(sys.argv[2], "rb")).get("load", {}).get("warmup", "0s")
+warmup = float(re.fullmatch(r"([\d.]+)s", warmup).group(1))
+before, after, hz = map(int, sys.argv[3:6])
+requests = report["requests"] * (report["seconds"] + warmup) / report["seconds"]
+cpu = (after - before) / hz * 1e6 / max(requests, 1)
+print(f"{report['throughput']:.0f} {cpu:.1f} {report['latency']['p99_us'] / 1000:.2f}")
+EOF
+}
+
+# Preload once per fleet.
+measure on 5030 "${on_pids[@]}" -- --rate 0 >/dev/null
+measure off 5040 "${off_pids[@]}" -- --rate 0 >/dev/null
+
+echo "load average before the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "| pair | backups ok/s | without ok/s | backups CPU us/req | without CPU us/req | CPU x |"
+echo "| ---: | ---: | ---: | ---: | ---: | ---: |"
+rates=()
+ratios=()
+for pair in $(seq 1 "$PAIRS"); do
+    read -r on_rate on_cpu _ < <(measure on 5030 "${on_pids[@]}" -- --rate 0 --skip-preload)
+    read -r off_rate off_cpu _ < <(measure off 5040 "${off_pids[@]}" -- --rate 0 --skip-preload)
+    times=$(python3 -c "print(f'{$on_cpu / $off_cpu:.2f}')")
+    rates+=("$off_rate")
+    ratios+=("$times")
+    echo "| $pair | $on_rate | $off_rate | $on_cpu | $off_cpu | $times |"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+half=$(python3 -c "print(int($(median "${rates[@]}") / 2))")
+read -r _ _ on_p99 < <(measure on 5030 "${on_pids[@]}" -- --rate "$half" --skip-preload)
+read -r _ _ off_p99 < <(measure off 5040 "${off_pids[@]}" -- --rate "$half" --skip-preload)
+echo "CPU per request with backups over without: median $(median "${ratios[@]}")x"
+echo "p99 at $half req/s (half the rate without backups): $on_p99 ms with backups, $off_p99 ms without"
+echo "load average after the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
