@@ -30,3 +30,6 @@ pub fn backup_of<'a>(ring: &'a Ring, node: &str) -> Option<&'a Node> {
         .find(|n| n.id.as_str() > node)
         .or_else(|| candidates().next())
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,6 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{FORMAT, backup_of};
+use crate::cache::Cache;
 use crate::cluster::lease::incarnation;
 use crate::cluster::member::Member;
 use crate::cluster::peers::GrpcPeers;
@@ -120,7 +121,6 @@ impl Mirror {
     /// One stream: `Ok` once the ring names another backup.
     async fn stream(&self, to: Stream<'_>) -> Result<(), String> {
         let channel = to.peers.channel(&to.backup.address)?;
-        let (outbox, queued) = mpsc::channel(QUEUE);
         let start = MirrorRequest {
             part: Some(Part::Start(MirrorStart {
                 node: to.member.id().to_owned(),
@@ -128,30 +128,8 @@ impl Mirror {
                 format: FORMAT,
             })),
         };
+        let queued = self.attach(to.member.cache(), to.journal)?;
         let requests = tokio_stream::once(start).chain(ReceiverStream::new(queued));
-        // Batches taken from here on go to the stream; what the store lacks
-        // from before is journaled again after them.
-        *self.outbox() = Some(outbox.clone());
-        let rejournaled = to.member.cache().rejournal();
-        // With nothing unwritten, the backup is complete from the start,
-        // and what the writer took before is nothing it needs (no later
-        // batch may come to say it holds that).
-        let (complete_at, held) = match rejournaled {
-            0 => (0, to.journal.taken()),
-            _ => (to.journal.appended(), 0),
-        };
-        let complete = Part::CompleteAt(complete_at);
-        (outbox.try_send(MirrorRequest {
-            part: Some(complete),
-        }))
-        .map_err(|e| e.to_string())?;
-        let attached = Attached {
-            on: true,
-            complete_at,
-            held,
-        };
-        self.state.send_replace(attached);
-        gauge!(BACKUP_ATTACHED).set(if attached.holds(0) { 1.0 } else { 0.0 });
         let mut responses = FleetClient::new(channel)
             .mirror(to.peers.request(requests))
             .await
@@ -162,11 +140,7 @@ impl Mirror {
         loop {
             tokio::select! {
                 response = responses.next() => match response {
-                    Some(Ok(response)) => {
-                        self.state.send_modify(|s| s.held = s.held.max(response.held));
-                        let complete = self.state.borrow().holds(0);
-                        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
-                    }
+                    Some(Ok(response)) => self.acked(response.held),
                     Some(Err(status)) => {
                         return Err(format!("{}: {}", status.code(), status.message()));
                     }
@@ -187,8 +161,47 @@ impl Mirror {
         }
     }
 
+    /// Opens a stream's queue: batches taken from here on go to it; what
+    /// the store lacks from before is journaled again after them, and the
+    /// queue says from where the backup holds it all.
+    pub(crate) fn attach(
+        &self,
+        cache: &Cache,
+        journal: &Journal,
+    ) -> Result<mpsc::Receiver<MirrorRequest>, String> {
+        let (outbox, queued) = mpsc::channel(QUEUE);
+        *self.outbox() = Some(outbox.clone());
+        let rejournaled = cache.rejournal();
+        // With nothing unwritten, the backup is complete from the start,
+        // and what the writer took before is nothing it needs (no later
+        // batch may come to say it holds that).
+        let (complete_at, held) = match rejournaled {
+            0 => (0, journal.taken()),
+            _ => (journal.appended(), 0),
+        };
+        (outbox.try_send(MirrorRequest {
+            part: Some(Part::CompleteAt(complete_at)),
+        }))
+        .map_err(|e| e.to_string())?;
+        let attached = Attached {
+            on: true,
+            complete_at,
+            held,
+        };
+        self.state.send_replace(attached);
+        gauge!(BACKUP_ATTACHED).set(if attached.holds(0) { 1.0 } else { 0.0 });
+        Ok(queued)
+    }
+
+    /// The backup holds every batch up to `held`.
+    pub(crate) fn acked(&self, held: u64) {
+        self.state.send_modify(|s| s.held = s.held.max(held));
+        let complete = self.state.borrow().holds(0);
+        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
+    }
+
     /// No stream: the waiting changes rest on the journal alone.
-    fn detach(&self) {
+    pub(crate) fn detach(&self) {
         *self.outbox() = None;
         self.state.send_replace(Attached::default());
         gauge!(BACKUP_ATTACHED).set(0.0);
