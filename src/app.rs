@@ -302,9 +302,7 @@ impl Application {
                     // takes over should it die; and the same for others.
                     let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
                     let mirror = backed_up.map(|journal| {
-                        let mirror = Mirror::new();
-                        journal.set_replica(mirror.clone());
-                        mirror.run(member.clone(), peers.clone(), journal, stop.clone())
+                        Mirror::new(journal).run(member.clone(), peers.clone(), stop.clone())
                     });
                     let takeover = Takeover {
                         backups: backups.clone(),

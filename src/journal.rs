@@ -25,8 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -141,26 +139,33 @@ impl JournalError {
 
 /// A copy of the journal kept elsewhere (another node: see
 /// `crate::cluster::backup`). The writer gives it each batch before its
-/// sync, so that the two overlap; a change is durable once both hold it.
-#[async_trait]
+/// sync, so that the two overlap; the replica says how far it holds them
+/// ([`Journal::replicated`]), and a change is durable once both hold it.
 pub trait Replica: Send + Sync + std::fmt::Debug {
     /// A batch of whole frames, appended up to `end`. Called on the
     /// writer's thread: must not block.
     fn batch(&self, frames: &[u8], end: u64);
-    /// Waits until the replica holds what was appended up to `upto`, or
-    /// has nowhere to hold it (the change then rests on this journal).
-    async fn held(&self, upto: u64);
     /// What was appended up to `through` is in the store.
     fn trimmed(&self, through: u64);
 }
 
 /// How far the journal is durable, and its latest failure.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Durable {
     /// Everything appended up to here is synced.
     synced: u64,
+    /// The replica holds everything appended up to here (`u64::MAX`: there
+    /// is none to wait for).
+    replicated: u64,
     /// The latest failed batch: what was appended in (from, to].
     failed: Option<(u64, u64, String)>,
+}
+
+impl Durable {
+    /// Where changes may be answered up to: both the sync and the replica.
+    fn answerable(&self) -> u64 {
+        self.synced.min(self.replicated)
+    }
 }
 
 #[derive(Debug)]
@@ -235,6 +240,7 @@ impl Journal {
             taken: AtomicU64::new(start),
             durable: watch::Sender::new(Durable {
                 synced: start,
+                replicated: u64::MAX,
                 failed: None,
             }),
             healthy: AtomicBool::new(true),
@@ -326,52 +332,48 @@ impl Journal {
         self.shared.taken.load(Ordering::Acquire)
     }
 
-    /// Waits until everything appended up to `upto` is synced (sync mode;
-    /// the other modes answer at once). An error: the batch that held it
-    /// failed (the change stays applied, unjournaled).
+    /// Waits until everything appended up to `upto` is synced, and held by
+    /// the replica if one is attached (sync mode; the other modes answer at
+    /// once). An error: the batch that held it failed (the change stays
+    /// applied, unjournaled).
     pub async fn durable(&self, upto: u64) -> Result<(), JournalError> {
         if self.mode != JournalMode::Sync {
             return Ok(());
         }
         let covered = |d: &Durable| {
-            d.synced >= upto
+            d.answerable() >= upto
                 || d.failed
                     .as_ref()
                     .is_some_and(|(from, to, _)| *from < upto && upto <= *to)
         };
-        let synced = self.shared.durable.borrow().synced;
-        if synced >= upto {
-            self.replicated(upto).await;
+        if self.shared.durable.borrow().answerable() >= upto {
             return Ok(());
         }
         let mut durable = self.shared.durable.subscribe();
-        let failed = {
-            let state = durable
-                .wait_for(covered)
-                .await
-                .map_err(|_| JournalError::Failing("the journal's writer stopped".into()))?;
-            match &state.failed {
-                Some((_, _, reason)) if state.synced < upto => Some(reason.clone()),
-                _ => None,
+        let state = durable
+            .wait_for(covered)
+            .await
+            .map_err(|_| JournalError::Failing("the journal's writer stopped".into()))?;
+        match &state.failed {
+            Some((_, _, reason)) if state.synced < upto => {
+                Err(JournalError::Failing(reason.clone()))
             }
-        };
-        if let Some(reason) = failed {
-            return Err(JournalError::Failing(reason));
-        }
-        self.replicated(upto).await;
-        Ok(())
-    }
-
-    /// Waits until the replica, if any, holds what was appended up to
-    /// `upto`.
-    async fn replicated(&self, upto: u64) {
-        if let Some(replica) = self.shared.replica.get() {
-            replica.held(upto).await;
+            _ => Ok(()),
         }
     }
 
-    /// Copies every batch taken from now on to `replica` too, and makes
-    /// changes wait for it; set once.
+    /// The replica holds everything appended up to `held` (`u64::MAX`:
+    /// there is none; changes wait for the sync alone). Wakes the waiting
+    /// changes only if that lets more of them be answered.
+    pub fn replicated(&self, held: u64) {
+        self.shared.durable.send_if_modified(|d| {
+            let before = d.answerable();
+            d.replicated = held;
+            d.answerable() > before
+        });
+    }
+
+    /// Copies every batch taken from now on to `replica` too; set once.
     pub fn set_replica(&self, replica: Arc<dyn Replica>) {
         let _ = self.shared.replica.set(replica);
     }

@@ -65,7 +65,13 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
         match write(shared, &mut current, &mut number, &bytes, end) {
             Ok(()) => {
                 shared.healthy.store(true, Ordering::Release);
-                shared.durable.send_modify(|d| d.synced = d.synced.max(end));
+                // Waiting changes wake only if they may be answered now
+                // (not if they wait for the replica still).
+                shared.durable.send_if_modified(|d| {
+                    let before = d.answerable();
+                    d.synced = d.synced.max(end);
+                    d.answerable() > before
+                });
                 crate::metrics::journal_synced(bytes.len(), records, started.elapsed());
             }
             Err(error) => {

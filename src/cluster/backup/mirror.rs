@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use metrics::{counter, gauge};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -45,18 +44,18 @@ const QUEUE: usize = 4096;
 /// This node's backup stream, as the journal sees it.
 #[derive(Debug)]
 pub struct Mirror {
-    state: watch::Sender<Attached>,
+    journal: Arc<Journal>,
     /// Where batches go while a stream is open.
     outbox: Mutex<Option<mpsc::Sender<MirrorRequest>>>,
+    /// What the open stream's backup holds.
+    attached: Mutex<Attached>,
     /// The last trim reported, sent again as a heartbeat.
     trimmed: AtomicU64,
 }
 
-/// The backup as the waiting changes see it.
+/// What the open stream's backup holds.
 #[derive(Clone, Copy, Debug, Default)]
 struct Attached {
-    /// A stream is open: changes wait for it.
-    on: bool,
     /// It holds everything unwritten once it holds up to here.
     complete_at: u64,
     /// It holds every batch up to here.
@@ -64,19 +63,29 @@ struct Attached {
 }
 
 impl Attached {
-    fn holds(&self, upto: u64) -> bool {
-        self.held >= upto.max(self.complete_at)
+    /// Up to where changes may be answered: nothing until it is complete.
+    fn answerable(&self) -> u64 {
+        if self.held >= self.complete_at {
+            self.held
+        } else {
+            0
+        }
     }
 }
 
 impl Mirror {
-    pub fn new() -> Arc<Mirror> {
+    /// The backup stream of `journal`'s node: the journal copies its
+    /// batches to it from now on.
+    pub fn new(journal: Arc<Journal>) -> Arc<Mirror> {
         gauge!(BACKUP_ATTACHED).set(0.0);
-        Arc::new(Mirror {
-            state: watch::Sender::new(Attached::default()),
+        let mirror = Arc::new(Mirror {
+            journal: journal.clone(),
             outbox: Mutex::new(None),
+            attached: Mutex::new(Attached::default()),
             trimmed: AtomicU64::new(0),
-        })
+        });
+        journal.set_replica(mirror.clone());
+        mirror
     }
 
     /// Streams to this node's backup, as the ring names it, until `stop`.
@@ -84,7 +93,6 @@ impl Mirror {
         self: Arc<Self>,
         member: Member,
         peers: Arc<GrpcPeers>,
-        journal: Arc<Journal>,
         stop: CancellationToken,
     ) {
         let incarnation = incarnation();
@@ -94,7 +102,6 @@ impl Mirror {
                 let to = Stream {
                     member: &member,
                     peers: &peers,
-                    journal: &journal,
                     backup: &backup,
                     incarnation: &incarnation,
                 };
@@ -128,7 +135,7 @@ impl Mirror {
                 format: FORMAT,
             })),
         };
-        let queued = self.attach(to.member.cache(), to.journal)?;
+        let queued = self.attach(to.member.cache())?;
         let requests = tokio_stream::once(start).chain(ReceiverStream::new(queued));
         let mut responses = FleetClient::new(channel)
             .mirror(to.peers.request(requests))
@@ -163,48 +170,54 @@ impl Mirror {
 
     /// Opens a stream's queue: batches taken from here on go to it; what
     /// the store lacks from before is journaled again after them, and the
-    /// queue says from where the backup holds it all.
-    pub(crate) fn attach(
-        &self,
-        cache: &Cache,
-        journal: &Journal,
-    ) -> Result<mpsc::Receiver<MirrorRequest>, String> {
+    /// queue says from where the backup holds it all. Changes wait for it
+    /// from here on.
+    pub(crate) fn attach(&self, cache: &Cache) -> Result<mpsc::Receiver<MirrorRequest>, String> {
         let (outbox, queued) = mpsc::channel(QUEUE);
         *self.outbox() = Some(outbox.clone());
         let rejournaled = cache.rejournal();
         // With nothing unwritten, the backup is complete from the start,
         // and what the writer took before is nothing it needs (no later
         // batch may come to say it holds that).
-        let (complete_at, held) = match rejournaled {
-            0 => (0, journal.taken()),
-            _ => (journal.appended(), 0),
+        let attached = match rejournaled {
+            0 => Attached {
+                complete_at: 0,
+                held: self.journal.taken(),
+            },
+            _ => Attached {
+                complete_at: self.journal.appended(),
+                held: 0,
+            },
         };
         (outbox.try_send(MirrorRequest {
-            part: Some(Part::CompleteAt(complete_at)),
+            part: Some(Part::CompleteAt(attached.complete_at)),
         }))
         .map_err(|e| e.to_string())?;
-        let attached = Attached {
-            on: true,
-            complete_at,
-            held,
-        };
-        self.state.send_replace(attached);
-        gauge!(BACKUP_ATTACHED).set(if attached.holds(0) { 1.0 } else { 0.0 });
+        self.update(|held| *held = attached);
         Ok(queued)
     }
 
     /// The backup holds every batch up to `held`.
     pub(crate) fn acked(&self, held: u64) {
-        self.state.send_modify(|s| s.held = s.held.max(held));
-        let complete = self.state.borrow().holds(0);
-        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
+        self.update(|attached| attached.held = attached.held.max(held));
     }
 
     /// No stream: the waiting changes rest on the journal alone.
     pub(crate) fn detach(&self) {
         *self.outbox() = None;
-        self.state.send_replace(Attached::default());
+        self.journal.replicated(u64::MAX);
         gauge!(BACKUP_ATTACHED).set(0.0);
+    }
+
+    /// Changes what the backup holds, and tells the journal how far
+    /// changes may be answered.
+    fn update(&self, change: impl FnOnce(&mut Attached)) {
+        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut attached);
+        // Under the lock: a later ack never tells the journal before this.
+        self.journal.replicated(attached.answerable());
+        let complete = attached.held >= attached.complete_at;
+        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
     }
 
     fn outbox(&self) -> MutexGuard<'_, Option<mpsc::Sender<MirrorRequest>>> {
@@ -220,7 +233,7 @@ impl Mirror {
         if sender.try_send(MirrorRequest { part: Some(part) }).is_err() {
             *outbox = None;
             drop(outbox);
-            self.state.send_replace(Attached::default());
+            self.journal.replicated(u64::MAX);
             gauge!(BACKUP_ATTACHED).set(0.0);
         }
     }
@@ -231,24 +244,16 @@ impl Mirror {
 struct Stream<'a> {
     member: &'a Member,
     peers: &'a GrpcPeers,
-    journal: &'a Journal,
     backup: &'a readstates_routing::Node,
     incarnation: &'a str,
 }
 
-#[async_trait]
 impl Replica for Mirror {
     fn batch(&self, frames: &[u8], end: u64) {
         self.send(Part::Batch(MirrorBatch {
             frames: frames.to_vec(),
             end,
         }));
-    }
-
-    async fn held(&self, upto: u64) {
-        let mut state = self.state.subscribe();
-        // Never closed: the sender lives in `self`.
-        let _ = state.wait_for(|s| !s.on || s.holds(upto)).await;
     }
 
     fn trimmed(&self, through: u64) {

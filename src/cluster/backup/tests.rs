@@ -97,8 +97,7 @@ async fn one_seed(seed: u64) -> Option<(usize, usize)> {
         store,
     );
     cache.set_journal(journal.clone());
-    let mirror = Mirror::new();
-    journal.set_replica(mirror.clone());
+    let mirror = Mirror::new(journal.clone());
     let backups = Backups::new();
     let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
     let stop = CancellationToken::new();
@@ -117,7 +116,6 @@ async fn one_seed(seed: u64) -> Option<(usize, usize)> {
         Link {
             mirror: mirror.clone(),
             cache: cache.clone(),
-            journal: journal.clone(),
             backups: backups.clone(),
         },
         seed,
@@ -200,7 +198,6 @@ fn acked(taken: &Taken, user_id: u64, channel_id: u64) -> u64 {
 struct Link {
     mirror: Arc<Mirror>,
     cache: Arc<Cache>,
-    journal: Arc<Journal>,
     backups: Arc<Backups>,
 }
 
@@ -213,10 +210,7 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> (u64, usize) {
     let mut trims = 0;
     loop {
         let stream = link.backups.open("n1");
-        let mut queue = link
-            .mirror
-            .attach(&link.cache, &link.journal)
-            .expect("attach");
+        let mut queue = link.mirror.attach(&link.cache).expect("attach");
         let until = tokio::time::Instant::now() + Duration::from_millis(rng.u64(20..400));
         loop {
             let message = tokio::select! {
