@@ -74,10 +74,9 @@ pub const LEASE_RENEWALS: &str = "readstates_lease_renewals_total";
 pub const BACKUP_ATTACHED: &str = "readstates_backup_attached";
 /// Times this node's backup stream ended or was cut, by `reason`.
 pub const BACKUP_DETACHED: &str = "readstates_backup_detached_total";
-/// What this node holds as the backup of others: users and channels with
-/// changes their store lacks, and the streams feeding them.
-pub const BACKUP_HELD_USERS: &str = "readstates_backup_held_users";
-pub const BACKUP_HELD_CHANNELS: &str = "readstates_backup_held_channels";
+/// What this node holds as the backup of others: their journal batches not
+/// written yet, in bytes, and the streams feeding them.
+pub const BACKUP_HELD_BYTES: &str = "readstates_backup_held_bytes";
 pub const BACKUP_STREAMS: &str = "readstates_backup_streams";
 /// Dead nodes this node took over as their backup, by `result`.
 pub const TAKEOVERS: &str = "readstates_takeovers_total";

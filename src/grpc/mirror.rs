@@ -74,7 +74,7 @@ pub async fn handle(
             match part {
                 Some(Part::Batch(batch)) => {
                     let answer = backups
-                        .batch(&node, stream, &batch.frames, batch.end)
+                        .batch(&node, stream, batch.frames, batch.end)
                         .map(|held| MirrorResponse { held })
                         .map_err(Status::invalid_argument);
                     let refused = answer.is_err();

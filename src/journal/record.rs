@@ -140,6 +140,18 @@ pub fn frame(out: &mut Vec<u8>, entries: impl FnOnce(&mut Vec<u8>)) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The length of the whole, intact frame at the start of `bytes` (its
+/// checksum holds), without decoding its entries.
+pub fn check(bytes: &[u8]) -> Option<usize> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    if len == 0 || len > MAX_BODY {
+        return None;
+    }
+    let crc = u32::from_le_bytes(bytes.get(4..8)?.try_into().ok()?);
+    let body = bytes.get(HEADER..HEADER + len)?;
+    (crc32fast::hash(body) == crc).then_some(HEADER + len)
+}
+
 /// Reads the frame at the start of `bytes`: its entries and the frame's
 /// length, or `None` if no whole, intact frame of known entries starts
 /// there.

@@ -139,7 +139,7 @@ fn cut(path: &Path, len: u64) -> Result<(), JournalError> {
 
 /// Journal records collapsed as they are read: per user the newest row of
 /// each key, per channel its newest state. Replay collapses a directory;
-/// a backup (`crate::cluster::backup`) collapses what a node streams it.
+/// a backup's takeover (`crate::cluster::backup`) what a node streamed it.
 #[derive(Debug, Default)]
 pub struct Collapsing {
     users: HashMap<u64, User>,
@@ -180,21 +180,6 @@ impl Collapsing {
 }
 
 impl Collapsing {
-    /// Forgets a user (the store holds what was collected of it).
-    pub fn remove_user(&mut self, user_id: u64) {
-        self.users.remove(&user_id);
-    }
-
-    /// Forgets a channel (the store holds what was collected of it).
-    pub fn remove_channel(&mut self, channel_id: u64) {
-        self.channels.remove(&channel_id);
-    }
-
-    /// Users and channels held.
-    pub fn len(&self) -> (usize, usize) {
-        (self.users.len(), self.channels.len())
-    }
-
     /// What was collected: one write per user, each channel's state.
     pub fn into_parts(self) -> (HashMap<u64, UserWrite>, Vec<ChannelState>) {
         let users = (self.users.into_iter())

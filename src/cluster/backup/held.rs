@@ -1,20 +1,21 @@
 //! The holding side of a backup: what this node holds for the nodes it
-//! backs up, collapsed per user and per channel as their streams bring it
-//! (newest version wins, as in a replay), and dropped once the sender
-//! reports it written. A stream its sender ends lets go of what it held
+//! backs up, their journal batches as their streams bring them (checked,
+//! not decoded: decoding and collapsing them, newest version wins as in a
+//! replay, waits for a takeover), dropped once the sender reports them
+//! written. A stream its sender ends lets go of what it held
 //! (the sender chose another backup, or stopped having written
 //! everything); a stream that breaks keeps it, for a takeover should the
 //! sender be dead ([`super::takeover`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use metrics::gauge;
 
 use crate::channel_state::ChannelState;
-use crate::journal::record::{self, Record};
+use crate::journal::record;
 use crate::journal::replay::Collapsing;
-use crate::metrics::{BACKUP_HELD_CHANNELS, BACKUP_HELD_USERS, BACKUP_STREAMS};
+use crate::metrics::{BACKUP_HELD_BYTES, BACKUP_STREAMS};
 use crate::store::UserWrite;
 
 /// What this node holds for others, by sending node.
@@ -34,10 +35,10 @@ struct Nodes {
 #[derive(Debug, Default)]
 struct Held {
     stream: u64,
-    collapsing: Collapsing,
-    /// The end of the last batch that touched each user and channel.
-    users: HashMap<u64, u64>,
-    channels: HashMap<u64, u64>,
+    /// The batches not reported written, oldest first, with where the
+    /// sender's journal ended after each.
+    batches: VecDeque<(u64, Vec<u8>)>,
+    bytes: usize,
     /// Every batch up to here is held.
     held: u64,
     /// Everything the sender had unwritten is held once `held` reaches it.
@@ -85,26 +86,20 @@ impl Backups {
     /// A batch of journal frames, appended by the sender up to `end`.
     /// Returns how far this node holds the sender's batches, or why the
     /// frames do not read.
-    pub fn batch(&self, node: &str, stream: u64, frames: &[u8], end: u64) -> Result<u64, String> {
+    pub fn batch(&self, node: &str, stream: u64, frames: Vec<u8>, end: u64) -> Result<u64, String> {
+        let mut at = 0;
+        while at < frames.len() {
+            let Some(len) = record::check(&frames[at..]) else {
+                return Err(format!("a frame at offset {at} of a batch does not read"));
+            };
+            at += len;
+        }
         let mut nodes = self.lock();
         let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
             return Err("replaced by a newer stream from the same node".into());
         };
-        let mut at = 0;
-        while at < frames.len() {
-            let Some((records, len)) = record::read(&frames[at..]) else {
-                return Err(format!("a frame at offset {at} of a batch does not read"));
-            };
-            for record in records {
-                match &record {
-                    Record::User(user) => held.users.insert(user.user_id, end),
-                    Record::Lowered { user_id, .. } => held.users.insert(*user_id, end),
-                    Record::Channel(channel) => held.channels.insert(channel.channel_id(), end),
-                };
-                held.collapsing.add(record);
-            }
-            at += len;
-        }
+        held.bytes += frames.len();
+        held.batches.push_back((end, frames));
         held.held = held.held.max(end);
         let reached = held.held;
         drop(nodes);
@@ -118,26 +113,13 @@ impl Backups {
         let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
             return;
         };
-        let Held {
-            collapsing,
-            users,
-            channels,
-            ..
-        } = held;
-        users.retain(|&user_id, &mut end| {
-            let keep = end > through;
-            if !keep {
-                collapsing.remove_user(user_id);
+        while let Some((end, frames)) = held.batches.front() {
+            if *end > through {
+                break;
             }
-            keep
-        });
-        channels.retain(|&channel_id, &mut end| {
-            let keep = end > through;
-            if !keep {
-                collapsing.remove_channel(channel_id);
-            }
-            keep
-        });
+            held.bytes -= frames.len();
+            held.batches.pop_front();
+        }
         drop(nodes);
         self.report();
     }
@@ -187,29 +169,33 @@ impl Backups {
         let held = nodes.by_id.remove(node)?;
         drop(nodes);
         self.report();
-        let (users, channels) = held.collapsing.into_parts();
+        let mut collapsing = Collapsing::default();
+        for (_, frames) in &held.batches {
+            let mut at = 0;
+            while let Some((records, len)) = record::read(&frames[at..]) {
+                records.into_iter().for_each(|r| collapsing.add(r));
+                at += len;
+            }
+        }
+        let (users, channels) = collapsing.into_parts();
         Some(Taken {
             users: users.into_values().collect(),
             channels,
         })
     }
 
-    /// Users and channels held for `node`, and whether all it had
+    /// The batches and bytes held for `node`, and whether all it had
     /// unwritten (for tests and the log).
     pub fn held_for(&self, node: &str) -> Option<(usize, usize, bool)> {
         let nodes = self.lock();
         let held = nodes.by_id.get(node)?;
-        let (users, channels) = held.collapsing.len();
-        Some((users, channels, held.complete()))
+        Some((held.batches.len(), held.bytes, held.complete()))
     }
 
     fn report(&self) {
         let nodes = self.lock();
-        let (users, channels) = (nodes.by_id.values())
-            .map(|h| h.collapsing.len())
-            .fold((0, 0), |(u, c), (hu, hc)| (u + hu, c + hc));
-        gauge!(BACKUP_HELD_USERS).set(users as f64);
-        gauge!(BACKUP_HELD_CHANNELS).set(channels as f64);
+        let bytes: usize = nodes.by_id.values().map(|h| h.bytes).sum();
+        gauge!(BACKUP_HELD_BYTES).set(bytes as f64);
         gauge!(BACKUP_STREAMS).set(nodes.by_id.len() as f64);
     }
 

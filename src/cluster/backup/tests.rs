@@ -10,6 +10,7 @@
 //! and their timing, not every interleaving.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -112,11 +113,13 @@ async fn one_seed(seed: u64) -> Option<(usize, usize)> {
         }
     });
     let lost = CancellationToken::new();
+    let trims = Arc::new(AtomicUsize::new(0));
     let link = tokio::spawn(link(
         Link {
             mirror: mirror.clone(),
             cache: cache.clone(),
             backups: backups.clone(),
+            trims: trims.clone(),
         },
         seed,
         lost.clone(),
@@ -153,11 +156,22 @@ async fn one_seed(seed: u64) -> Option<(usize, usize)> {
     // Long enough for segments to be trimmed (the cache tells unwritten
     // changes' age in 4 s steps), on the paused clock.
     tokio::time::sleep(Duration::from_millis(rng.u64(2_000..12_000))).await;
+    // Half the time, lost just after a trim (what a wrong trim drops is
+    // then still unwritten).
+    if rng.bool() {
+        let seen = trims.load(Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while trims.load(Ordering::SeqCst) == seen && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.u64(..300))).await;
+    }
 
     // Lost: the backup takes in nothing more; what the store was sent
     // lands or fails; nothing more is answered (no backup answers).
     lost.cancel();
-    let (stream, trims) = link.await.unwrap();
+    let stream = link.await.unwrap();
+    let trims = trims.load(Ordering::SeqCst);
     let answered = std::mem::take(&mut *answered.lock().unwrap());
     for client in clients {
         client.abort();
@@ -199,15 +213,15 @@ struct Link {
     mirror: Arc<Mirror>,
     cache: Arc<Cache>,
     backups: Arc<Backups>,
+    trims: Arc<AtomicUsize>,
 }
 
 /// The network between the node and its backup: delivers each stream's
 /// queue with random delays, and now and then breaks it (the sender gives
 /// the backup up, then attaches again). Returns the last stream's number
-/// once the node is `lost`, and how many trims it delivered.
-async fn link(link: Link, seed: u64, lost: CancellationToken) -> (u64, usize) {
+/// once the node is `lost` (counting the trims it delivers).
+async fn link(link: Link, seed: u64, lost: CancellationToken) -> u64 {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
-    let mut trims = 0;
     loop {
         let stream = link.backups.open("n1");
         let mut queue = link.mirror.attach(&link.cache).expect("attach");
@@ -216,7 +230,7 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> (u64, usize) {
             let message = tokio::select! {
                 message = queue.recv() => message,
                 () = tokio::time::sleep_until(until) => break,
-                () = lost.cancelled() => return (stream, trims),
+                () = lost.cancelled() => return stream,
             };
             let Some(MirrorRequest { part: Some(part) }) = message else {
                 break;
@@ -225,17 +239,17 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> (u64, usize) {
                 tokio::time::sleep(Duration::from_millis(rng.u64(..5))).await;
             }
             if lost.is_cancelled() {
-                return (stream, trims);
+                return stream;
             }
             let backups = &link.backups;
             match part {
                 Part::Batch(batch) => {
-                    let held = (backups.batch("n1", stream, &batch.frames, batch.end))
+                    let held = (backups.batch("n1", stream, batch.frames, batch.end))
                         .expect("frames read");
                     link.mirror.acked(held);
                 }
                 Part::Trimmed(through) => {
-                    trims += 1;
+                    link.trims.fetch_add(1, Ordering::SeqCst);
                     backups.trimmed("n1", stream, through)
                 }
                 Part::CompleteAt(at) => backups.complete_at("n1", stream, at),
