@@ -54,6 +54,7 @@ use crate::store::memory::MemoryStore;
 use crate::tls::{self, Tls};
 use crate::watch::recount::{self, RECOUNT_EVERY};
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
+use tonic::service::interceptor::InterceptedService;
 
 /// In-flight requests get this long to finish once shutdown begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(10);
@@ -305,6 +306,7 @@ impl Application {
                         Mirror::new(journal).run(member.clone(), peers.clone(), stop.clone())
                     });
                     let takeover = Takeover {
+                        member: member.clone(),
                         backups: backups.clone(),
                         ring_store: ring_store_for_takeover,
                         store: cache.store().clone(),
@@ -341,9 +343,9 @@ impl Application {
             };
         let read_states = ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES);
         let fleet = fleet.map(|router| {
-            FleetServer::with_interceptor(FleetService::new(router, backups), move |request| {
-                node_calls.fleet(request)
-            })
+            let server = FleetServer::new(FleetService::new(router, backups))
+                .max_decoding_message_size(crate::cluster::backup::MAX_MESSAGE);
+            InterceptedService::new(server, move |request| node_calls.fleet(request))
         });
         let router = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW)

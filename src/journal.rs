@@ -340,11 +340,11 @@ impl Journal {
         if self.mode != JournalMode::Sync {
             return Ok(());
         }
+        // A failure counts only while the retry has not synced it since.
         let covered = |d: &Durable| {
             d.answerable() >= upto
-                || d.failed
-                    .as_ref()
-                    .is_some_and(|(from, to, _)| *from < upto && upto <= *to)
+                || (d.synced < upto
+                    && (d.failed.as_ref()).is_some_and(|(from, to, _)| *from < upto && upto <= *to))
         };
         if self.shared.durable.borrow().answerable() >= upto {
             return Ok(());

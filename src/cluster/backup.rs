@@ -22,6 +22,11 @@ use readstates_routing::{Node, Ring};
 /// [`crate::journal::record`]).
 pub const FORMAT: u32 = 1;
 
+/// The largest `Fleet` message a node takes: a `Mirror` message carries up
+/// to a megabyte of frames, or one frame alone, which may be up to
+/// [`crate::journal::record::MAX_BODY`].
+pub const MAX_MESSAGE: usize = crate::journal::record::MAX_BODY + (1 << 20);
+
 /// `node`'s backup in `ring`: the next node by id (wrapping around) that
 /// owns slots, other than `node`; `None` in a fleet of one.
 pub fn backup_of<'a>(ring: &'a Ring, node: &str) -> Option<&'a Node> {

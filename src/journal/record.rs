@@ -140,6 +140,13 @@ pub fn frame(out: &mut Vec<u8>, entries: impl FnOnce(&mut Vec<u8>)) {
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The length of the frame starting `bytes`, from its header alone (to
+/// split a batch at frame boundaries).
+pub fn frame_len(bytes: &[u8]) -> Option<usize> {
+    let len = u32::from_le_bytes(bytes.get(0..4)?.try_into().ok()?) as usize;
+    Some(HEADER + len)
+}
+
 /// The length of the whole, intact frame at the start of `bytes` (its
 /// checksum holds), without decoding its entries.
 pub fn check(bytes: &[u8]) -> Option<usize> {

@@ -4,12 +4,15 @@
 //! When a backup's stream from a node breaks after the backup held all the
 //! node had unwritten ([`Backups::broken`]), the backup watches the node's
 //! lease. Renewed: the node lives (it will stream again). Lapsed for the
-//! lease plus its margin: the backup revokes it, so the node, should it
-//! wake, serves nothing ([`crate::cluster::lease`]); writes what it holds
-//! to the store (newest version wins there, so nothing of it can undo a
-//! later change); then makes the epoch that gives the node's slots to the
-//! others, released at once ([`admin::take_over`]). They load the users
-//! from the store, which now holds every change the node answered.
+//! lease plus its margin: the backup takes it (by compare-and-set, and
+//! renews it until done), so the node, should it wake, serves nothing, and
+//! a new incarnation of it waits ([`crate::cluster::lease`]); writes what
+//! it holds to the store (newest version wins there, so nothing of it can
+//! undo a later change); then makes the epoch that gives the node's slots
+//! to the others, released at once ([`admin::take_over`]), and frees the
+//! lease. They load the users from the store, which now holds every change
+//! the node answered: a node whose backup stream broke answers nothing
+//! more until a backup holds it again ([`super::mirror`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,10 +23,12 @@ use metrics::counter;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::backup_of;
 use super::held::{Backups, Taken};
 use crate::cluster::admin;
 use crate::cluster::lease::{self, LeaseConfig, Seen};
-use crate::cluster::ring_store::RingStore;
+use crate::cluster::member::Member;
+use crate::cluster::ring_store::{LeaseRecord, RingStore};
 use crate::metrics::TAKEOVERS;
 use crate::store::Store;
 
@@ -36,6 +41,9 @@ const RETRY: Duration = Duration::from_millis(200);
 
 #[derive(Clone, Debug)]
 pub struct Takeover {
+    /// This node: it takes over only while it holds its own lease, and only
+    /// nodes the ring names it the backup of.
+    pub member: Member,
     pub backups: Arc<Backups>,
     pub ring_store: Arc<dyn RingStore>,
     pub store: Arc<dyn Store>,
@@ -74,24 +82,45 @@ impl Takeover {
     /// (it lives) or its lease lapses (taken over).
     async fn watch(&self, node: &str, stream: u64) {
         let started = Instant::now();
-        loop {
+        let me = self.member.id();
+        let seen = loop {
             let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
             if !still_broken() {
                 return;
             }
+            // Only the node's backup as the ring now names it (a copy left
+            // from before a ring change may be older than that backup's),
+            // and only while this node holds its own lease.
+            let ring = self.member.ring();
+            if backup_of(&ring.ring, node).is_none_or(|b| b.id != me) {
+                return;
+            }
+            if !self.member.ownership().leased() {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
             match lease::watch(&*self.ring_store, node, self.lease).await {
-                Ok(Seen::Live) => continue,
-                Ok(Seen::Lapsed(seen)) => match lease::revoke(&*self.ring_store, node, &seen).await
-                {
-                    Ok(true) => break,
-                    Ok(false) => continue,
-                    Err(e) => tracing::warn!(node, error = %e, "cannot revoke a lapsed lease"),
-                },
-                // Released or revoked already: it serves nothing.
-                Ok(Seen::Free(_)) => break,
+                Ok(Seen::Lapsed(seen)) if still_broken() => break seen,
+                Ok(Seen::Lapsed(_) | Seen::Live) => continue,
+                // Released or revoked: not this node's to take over.
+                Ok(Seen::Free(_)) => return,
                 Err(e) => tracing::warn!(node, error = %e, "cannot read a lease"),
             }
             tokio::time::sleep(POLL).await;
+        };
+        // Taken, not emptied: a new incarnation of the node waits until
+        // the takeover is done (it then finds itself out of the ring).
+        let mut held = LeaseRecord {
+            holder: format!("takeover by {me}"),
+            renewals: seen.renewals + 1,
+        };
+        match self.ring_store.swap_lease(node, Some(&seen), &held).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot take a lapsed lease");
+                return;
+            }
         }
         let Some(taken) = self.backups.take(node, stream) else {
             return;
@@ -103,9 +132,28 @@ impl Takeover {
             channels,
             "a node this one backs up is dead (its lease lapsed): writing what it had unwritten, then taking it out of the ring"
         );
-        self.write(taken).await;
-        let written = started.elapsed();
-        match admin::take_over(&*self.ring_store, node).await {
+        let renewing = async {
+            loop {
+                tokio::time::sleep(self.lease.renew_every()).await;
+                let next = LeaseRecord {
+                    holder: held.holder.clone(),
+                    renewals: held.renewals + 1,
+                };
+                if let Ok(true) = self.ring_store.swap_lease(node, Some(&held), &next).await {
+                    held = next;
+                }
+            }
+        };
+        let taking = async {
+            self.write(taken).await;
+            let written = started.elapsed();
+            (admin::take_over(&*self.ring_store, node).await, written)
+        };
+        let (result, written) = tokio::select! {
+            done = taking => done,
+            () = renewing => unreachable!("renews until the takeover is done"),
+        };
+        match result {
             Ok(record) => {
                 counter!(TAKEOVERS, "result" => "done").increment(1);
                 tracing::warn!(
@@ -122,6 +170,11 @@ impl Takeover {
                 tracing::error!(node, error = %e, "what it had unwritten is written, but its slots could not be given to others; `readstates ring remove` it");
             }
         }
+        let free = LeaseRecord {
+            holder: String::new(),
+            renewals: held.renewals + 1,
+        };
+        let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
     }
 
     /// Writes every user and channel of `taken`, retrying each until the

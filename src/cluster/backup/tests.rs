@@ -261,3 +261,49 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> u64 {
         link.backups.broke("n1", stream);
     }
 }
+
+/// A batch far larger than a message (everything journaled again on
+/// attaching, or a group commit after a stall) goes in messages of whole
+/// frames, each saying where the journal ended after it.
+#[tokio::test]
+async fn a_large_batch_goes_in_messages_of_whole_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = JournalConfig::new(dir.path().to_owned(), JournalMode::Sync);
+    let (journal, _) = Journal::open(config, Arc::new(Fs)).expect("journal");
+    let journal = Arc::new(journal);
+    let mirror = Mirror::new(journal.clone());
+    let cache = Cache::new(CacheConfig::default(), Arc::new(MemoryStore::new()));
+    let mut queue = mirror.attach(&cache).expect("attach");
+    let mut frames = Vec::new();
+    let mut user = crate::read_state::UserReadStates::default();
+    for channel in 0..4_000 {
+        user.ack(Key::channel(channel), 1, channel + 1);
+    }
+    for user_id in 0..30 {
+        crate::journal::record::frame(&mut frames, |out| {
+            crate::journal::record::append_user(out, user_id, 0, user.view());
+        });
+    }
+    assert!(frames.len() > 3 << 20, "{} bytes", frames.len());
+    let end = 10_000_000;
+    crate::journal::Replica::batch(&*mirror, &frames, end);
+    let backups = Backups::new();
+    let stream = backups.open("n1");
+    let mut last = 0;
+    while let Ok(MirrorRequest { part: Some(part) }) = queue.try_recv() {
+        if let Part::Batch(batch) = part {
+            assert!(
+                batch.frames.len() <= 2 << 20,
+                "{} bytes",
+                batch.frames.len()
+            );
+            assert!(batch.end > last);
+            last = batch.end;
+            backups
+                .batch("n1", stream, batch.frames, batch.end)
+                .expect("whole frames");
+        }
+    }
+    assert_eq!(last, end);
+    journal.close(false);
+}
