@@ -1,8 +1,8 @@
 //! The sender and the backup together, under random changes, writes that
-//! fail, journal trims, streams that break and attach again, and the node
-//! lost at a random moment: with the backup complete then, every change
-//! answered is in the store or in what the backup held (what its takeover
-//! writes). Seeded: `BACKUP_SEEDS=N` runs N seeds (default 12),
+//! fail, journal trims, streams that break and attach again after a while,
+//! and the node lost at a random moment (a stream open, or broken): with
+//! the backup's copy complete then, every change answered is in the store
+//! or in that copy (what its takeover writes). Seeded: `BACKUP_SEEDS=N` runs N seeds (default 12),
 //! `BACKUP_SEED=S` replays one; a failing seed prints itself.
 //!
 //! On a paused clock (write delays of seconds cost nothing); the journal's
@@ -256,9 +256,15 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> u64 {
                 Part::Start(_) => {}
             }
         }
-        // Broken: changes rest on the journal until the next stream.
+        // Broken: the backup keeps its copy, and the node may be lost
+        // before the next stream (what it answered meanwhile must be in
+        // that copy or the store).
         link.mirror.detach();
         link.backups.broke("n1", stream);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(rng.u64(..200))) => {}
+            () = lost.cancelled() => return stream,
+        }
     }
 }
 
