@@ -172,7 +172,18 @@ impl Backups {
         let mut collapsing = Collapsing::default();
         for (_, frames) in &held.batches {
             let mut at = 0;
-            while let Some((records, len)) = record::read(&frames[at..]) {
+            while at < frames.len() {
+                // Checked when it came: only an entry of a kind this build
+                // does not know fails here.
+                let Some((records, len)) = record::read(&frames[at..]) else {
+                    tracing::error!(
+                        node,
+                        offset = at,
+                        bytes = frames.len() - at,
+                        "a held batch does not decode; what it holds is not written"
+                    );
+                    break;
+                };
                 records.into_iter().for_each(|r| collapsing.add(r));
                 at += len;
             }
