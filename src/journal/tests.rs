@@ -297,20 +297,49 @@ async fn a_crash_loses_no_journaled_change_and_the_replay_is_written_behind() {
     assert_eq!(segment_files(dir.path()), 0, "emptied once all is written");
 }
 
+/// A node restarted after [`crashed_after_one_ack`]: its cache replayed the
+/// journal, and a read of user 1 is loading it, the load (which holds the
+/// replayed write) let go only by `go`.
+struct HeldLoad {
+    memory: Arc<dyn Store>,
+    cache: Arc<Cache>,
+    journal: Arc<Journal>,
+    go: tokio::sync::oneshot::Sender<()>,
+    /// What the read finds of channel 10.
+    read: tokio::task::JoinHandle<Option<u64>>,
+}
+
+async fn held_load(dir: &Path) -> HeldLoad {
+    let memory = crashed_after_one_ack(dir).await;
+    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
+    let (cache, journal) = journaled_cache(dir, store);
+    let read = tokio::spawn({
+        let cache = cache.clone();
+        async move { last_acked(&cache, 1, 10).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    HeldLoad {
+        memory,
+        cache,
+        journal,
+        go,
+        read,
+    }
+}
+
 #[tokio::test]
 async fn a_load_that_read_the_store_before_a_replayed_write_landed_keeps_the_replayed_changes() {
     // Found by `loadtest crash`: the replayed write of a user landed and
     // was dropped while a load of the user, which had read the store
     // before, was under way; the load then cached the older stored state.
     let dir = tempfile::tempdir().unwrap();
-    let memory = crashed_after_one_ack(dir.path()).await;
-    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
-    let (cache, journal) = journaled_cache(dir.path(), store.clone());
-    let read = tokio::spawn({
-        let cache = cache.clone();
-        async move { last_acked(&cache, 1, 10).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let HeldLoad {
+        cache,
+        journal,
+        go,
+        read,
+        ..
+    } = held_load(dir.path()).await;
     let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
     // Write-behind may write the replayed user meanwhile (the load holds
     // its changes now, so it waits for the load).
@@ -328,14 +357,13 @@ async fn a_shutdown_waits_for_a_load_that_holds_a_replayed_write_and_writes_it()
     // drain counted nothing unwritten, reported all written and ended, and
     // the load then cached changes nothing would write.
     let dir = tempfile::tempdir().unwrap();
-    let memory = crashed_after_one_ack(dir.path()).await;
-    let (store, go) = SlowFirstLoad::of(memory.clone(), 1);
-    let (cache, journal) = journaled_cache(dir.path(), store.clone());
-    let read = tokio::spawn({
-        let cache = cache.clone();
-        async move { last_acked(&cache, 1, 10).await }
-    });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let HeldLoad {
+        memory,
+        cache,
+        journal,
+        go,
+        read,
+    } = held_load(dir.path()).await;
     assert_eq!(
         cache.unwritten(),
         1,
