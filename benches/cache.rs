@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use readstates::cache::{Cache, CacheConfig};
-use readstates::channel_state::NoChannels;
+use readstates::read_state::NoChannels;
 use readstates::read_state::{Key, ReadState};
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, UserWrite};

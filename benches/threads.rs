@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use readstates::cache::{Cache, CacheConfig};
-use readstates::channel_state::NoChannels;
 use readstates::config::{Config, Settings};
 use readstates::grpc::{ReadStatesService, ServiceConfig};
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_server::ReadStates;
 use readstates::read_state::Key;
+use readstates::read_state::NoChannels;
 use readstates::read_state::threads::Replied;
 use readstates::store::memory::MemoryStore;
 use tonic::Request;

@@ -6,6 +6,7 @@
 
 mod journaling;
 mod linger;
+mod sampler;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -23,7 +24,8 @@ use tonic_health::server::HealthReporter;
 use futures::StreamExt;
 use linger::{LINGER, Lingering};
 
-use crate::cache::{Cache, CacheConfig};
+use crate::cache::Cache;
+use crate::cache::recount::{self, RECOUNT_EVERY};
 use crate::cluster::backup::held::Backups;
 use crate::cluster::backup::mirror::Mirror;
 use crate::cluster::backup::takeover::Takeover;
@@ -52,7 +54,6 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::instrumented::Instrumented;
 use crate::store::memory::MemoryStore;
 use crate::tls::{self, Tls};
-use crate::watch::recount::{self, RECOUNT_EVERY};
 use crate::write_behind::{ShutdownReport, WriteBehind, WriteBehindConfig};
 use tonic::service::interceptor::InterceptedService;
 
@@ -151,7 +152,7 @@ impl Application {
             None => Ownership::standalone(),
         });
         let cache = Cache::with_ownership(
-            CacheConfig::from(&config),
+            config.cache(),
             Arc::new(Instrumented::new(store)),
             ownership,
         );
@@ -215,7 +216,7 @@ impl Application {
         let (grpc_addr, metrics_addr) = (grpc.local_addr()?, metrics_listener.local_addr()?);
         let stop = CancellationToken::new();
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-        let sampler = metrics::spawn_sampler(cache.clone(), stop.clone());
+        let sampler = sampler::spawn(cache.clone(), stop.clone());
         let recount = tokio::spawn(recount::run(cache.clone(), RECOUNT_EVERY, stop.clone()));
         let trimmer = (journal.clone())
             .map(|journal| journaling::spawn_trimmer(journal, cache.clone(), stop.clone()));

@@ -13,6 +13,7 @@ mod arena;
 mod gate;
 pub mod handoff;
 mod pins;
+pub mod recount;
 pub(crate) mod shard;
 mod users;
 
@@ -26,7 +27,6 @@ use tokio::time::Instant;
 
 use crate::channel_states::ChannelStates;
 use crate::clock;
-use crate::config::Config;
 use crate::error::Error;
 use crate::journal::{Journal, Replayed, record};
 use crate::ownership::{Ownership, SlotState};
@@ -57,6 +57,8 @@ tokio::task_local! {
     static CONFIRMED_LATER: ();
 }
 
+/// The cache's settings. `Config::cache` builds them from the service's
+/// configuration; their `Default` is the service's defaults.
 #[derive(Clone, Debug)]
 pub struct CacheConfig {
     /// Read states (not users) held in memory, over all shards.
@@ -79,28 +81,6 @@ pub struct CacheConfig {
     pub deletion_capacity: usize,
     /// Users in one chunk of a handoff (see [`handoff`]).
     pub handoff_chunk: usize,
-}
-
-impl From<&Config> for CacheConfig {
-    fn from(config: &Config) -> CacheConfig {
-        CacheConfig {
-            capacity: config.cache_capacity,
-            shards: config.shards,
-            write_delay: config.write_delay,
-            max_evicted_unwritten: config.max_evicted_unwritten,
-            write_concurrency: config.write_concurrency,
-            deletion_window: config.deletion_dedup_window,
-            deletion_capacity: config.deletion_dedup_capacity,
-            handoff_chunk: handoff::CHUNK_USERS,
-        }
-    }
-}
-
-/// The service's defaults.
-impl Default for CacheConfig {
-    fn default() -> CacheConfig {
-        CacheConfig::from(&Config::default())
-    }
 }
 
 #[derive(Debug)]
@@ -580,7 +560,7 @@ impl Cache {
     }
 
     /// Tells the streams watching members of the `changed` channels counted
-    /// by channel their new counts (see [`crate::watch::recount`]); a
+    /// by channel their new counts (see [`crate::cache::recount`]); a
     /// watched user evicted from the cache is loaded for it.
     pub async fn recount(self: &Arc<Self>, changed: &[u64]) {
         let evicted: Vec<u64> = (0..self.shards.len())

@@ -11,8 +11,6 @@
 
 use std::collections::VecDeque;
 
-use crate::read_state::{Key, Kind, MAX_COUNT, ReadState};
-
 /// How many recent messages a channel keeps: a member's count is exact while
 /// their last ack is within them (8 KiB of ids), and says it is capped past.
 pub const RECENT_MESSAGES: usize = 1024;
@@ -50,95 +48,11 @@ pub struct Unread {
     pub capped: bool,
 }
 
-/// Where the states of the channels counted by channel are found.
-pub trait Channels {
-    /// The state of `channel_id`, if that channel is counted by channel.
-    fn get(&self, channel_id: u64) -> Option<&ChannelState>;
-
-    /// The state `state` is counted by, if any.
-    fn of(&self, state: &ReadState) -> Option<&ChannelState> {
-        self.get_key(state.key())
-    }
-
-    /// The state the read states of `key` are counted by, if any: only
-    /// channel read states are ever counted by channel.
-    fn get_key(&self, key: Key) -> Option<&ChannelState> {
-        match key.kind {
-            Kind::Channel => self.get(key.channel_id),
-            _ => None,
-        }
-    }
-
-    /// Whether the read states of `key` are counted by channel.
-    fn counts_key(&self, key: Key) -> bool {
-        self.get_key(key).is_some()
-    }
-
-    /// `state` as a client sees it: in a channel counted by channel, its
-    /// unread count is counted now.
-    fn shown(&self, state: &ReadState) -> Shown {
-        match self.of(state) {
-            Some(channel) => {
-                let unread = channel.unread(state);
-                Shown {
-                    state: ReadState {
-                        unread_count: unread.count,
-                        ..*state
-                    },
-                    unread_capped: unread.capped,
-                    parent_id: 0,
-                }
-            }
-            None => Shown {
-                state: *state,
-                unread_capped: false,
-                parent_id: 0,
-            },
-        }
-    }
-}
-
-/// A read state as a client sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shown {
-    /// With its whole unread count, counted now in a channel counted by
-    /// channel.
-    pub state: ReadState,
-    /// At least `state.unread_count` messages are unread (see
-    /// [`Unread::capped`]).
-    pub unread_capped: bool,
-    /// A thread's parent channel (0 for every other read state, and until
-    /// [`crate::read_state::UserView::shown`] fills it in).
-    pub parent_id: u64,
-}
-
-/// No channel is counted by channel.
-#[derive(Debug)]
-pub struct NoChannels;
-
-impl Channels for NoChannels {
-    fn get(&self, _channel_id: u64) -> Option<&ChannelState> {
-        None
-    }
-}
-
-impl Channels for std::collections::HashMap<u64, ChannelState> {
-    fn get(&self, channel_id: u64) -> Option<&ChannelState> {
-        std::collections::HashMap::get(self, &channel_id)
-    }
-}
-
 /// Where a node holds its channels counted by channel: every read state of
 /// one is looked up here when its user's counts are read, so it hashes
 /// fast (foldhash) rather than with SipHash, which is proof against
 /// flooding by untrusted keys: these are channels the backend switched.
 pub type ChannelMap = hashbrown::HashMap<u64, ChannelState>;
-
-impl Channels for ChannelMap {
-    fn get(&self, channel_id: u64) -> Option<&ChannelState> {
-        ChannelMap::get(self, &channel_id)
-    }
-}
 
 impl ChannelState {
     /// A channel switched to counting by channel, with `counted_from` its
@@ -301,17 +215,17 @@ impl ChannelState {
     pub fn unread_after(&self, last_acked_id: u64) -> Unread {
         let after = self.recent.len() - self.recent.partition_point(|&id| id <= last_acked_id);
         Unread {
-            count: u16::try_from(after).unwrap_or(MAX_COUNT),
+            count: u16::try_from(after).unwrap_or(u16::MAX),
             capped: last_acked_id < self.dropped_up_to,
         }
     }
 
     /// A member's whole unread count: what their read state counted per
-    /// member, plus what is unread here after their last ack.
-    pub fn unread(&self, state: &ReadState) -> Unread {
-        let here = self.unread_after(state.last_acked_id);
+    /// member (`per_member`), plus what is unread here after their last ack.
+    pub fn unread(&self, last_acked_id: u64, per_member: u16) -> Unread {
+        let here = self.unread_after(last_acked_id);
         Unread {
-            count: here.count.saturating_add(state.unread_count),
+            count: here.count.saturating_add(per_member),
             capped: here.capped,
         }
     }

@@ -27,8 +27,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel_state::{ChannelMap, ChannelState, Channels};
+use crate::channel_state::{ChannelMap, ChannelState};
 use crate::journal::{Journal, record};
+use crate::read_state::Channels;
 use crate::read_state::Key;
 use crate::store::{Store, StoreError};
 
@@ -69,7 +70,7 @@ struct Held {
     channels: ChannelMap,
     unwritten: HashMap<u64, Unwritten>,
     /// Channels whose members' counts moved since Watch streams were last
-    /// told (see [`crate::watch::recount`]).
+    /// told (see [`crate::cache::recount`]).
     recounted: HashSet<u64>,
     /// On a node of a fleet, channels changed here since the copier last
     /// sent them to the other nodes (see [`ChannelStates::take_changed`]).

@@ -14,6 +14,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::cache::{CacheConfig, handoff};
 use crate::cluster::credential::{FleetCredential, MIN_SECRET_BYTES};
 use crate::cluster::lease::LeaseConfig;
 use crate::journal::{JournalConfig, JournalMode};
@@ -578,6 +579,20 @@ impl Config {
         Ok(())
     }
 
+    /// The cache's settings.
+    pub fn cache(&self) -> CacheConfig {
+        CacheConfig {
+            capacity: self.cache_capacity,
+            shards: self.shards,
+            write_delay: self.write_delay,
+            max_evicted_unwritten: self.max_evicted_unwritten,
+            write_concurrency: self.write_concurrency,
+            deletion_window: self.deletion_dedup_window,
+            deletion_capacity: self.deletion_dedup_capacity,
+            handoff_chunk: handoff::CHUNK_USERS,
+        }
+    }
+
     /// The fleet's lease settings.
     pub fn lease(&self) -> LeaseConfig {
         LeaseConfig {
@@ -640,6 +655,14 @@ impl Config {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(&self.to_settings())
             .unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
+/// The service's defaults (here rather than beside the cache, which knows
+/// nothing of the service's configuration).
+impl Default for CacheConfig {
+    fn default() -> CacheConfig {
+        Config::default().cache()
     }
 }
 

@@ -2,7 +2,7 @@
 //! recorder behind them.
 //!
 //! Hot-path counters (cache hits, misses, evictions) are plain integers in the
-//! shards; a sampler copies them and the shard gauges out once a second, so a
+//! shards; a sampler (`app::sampler`) copies them and the shard gauges out once a second, so a
 //! request never pays for a metrics registry lookup it does not need.
 
 pub mod latency;
@@ -16,10 +16,6 @@ use std::time::Duration;
 use latency::Latency;
 use metrics::{Counter, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
-
-use crate::cache::Cache;
 
 pub const REQUESTS: &str = "readstates_requests_total";
 pub const REQUEST_DURATION: &str = "readstates_request_duration_seconds";
@@ -184,56 +180,6 @@ pub fn journal_segments(segments: usize) {
 
 pub fn store_written(read_states: usize) {
     counter!(STORE_WRITTEN).increment(read_states as u64);
-}
-
-/// Every second: copies the cache's counters and gauges into the recorder,
-/// and runs the recorder's upkeep, which folds recorded histogram samples
-/// into their buckets (without it they pile up until the next scrape).
-pub fn spawn_sampler(cache: Arc<Cache>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
-    let recorder = handle();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {
-                    sample(&cache);
-                    recorder.run_upkeep();
-                }
-                () = stop.cancelled() => return,
-            }
-        }
-    })
-}
-
-fn sample(cache: &Cache) {
-    let (gauges, stats) = cache.stats();
-    counter!(CACHE_HITS).absolute(stats.hits);
-    counter!(CACHE_MISSES).absolute(stats.misses);
-    counter!(CACHE_EVICTIONS).absolute(stats.evictions);
-    counter!(CACHE_EVICTIONS_UNWRITTEN).absolute(stats.evictions_unwritten);
-    gauge!(CACHED_USERS).set(gauges.users as f64);
-    gauge!(CACHED_READ_STATES).set(gauges.read_states as f64);
-    gauge!(WATCHED_USERS).set(gauges.watched as f64);
-    gauge!(UNWRITTEN_READ_STATES).set(gauges.unwritten as f64);
-    gauge!(CHANNEL_STATES).set(cache.channels().len() as f64);
-    gauge!(UNWRITTEN_CHANNEL_STATES).set(cache.channels().unwritten() as f64);
-    // Evicted before written: memory that only the store can give back;
-    // at the limit, changes are refused.
-    gauge!(EVICTED_UNWRITTEN).set(cache.evicted_unwritten() as f64);
-    gauge!(EVICTED_UNWRITTEN_LIMIT).set(cache.evicted_unwritten_limit() as f64);
-    let oldest = gauges
-        .oldest_unwritten
-        .map_or(0.0, |since| (Instant::now() - since).as_secs_f64());
-    gauge!(OLDEST_UNWRITTEN).set(oldest);
-    let [not_owner, serving, releasing, acquiring] = cache.ownership().counts();
-    for (state, count) in [
-        ("not_owner", not_owner),
-        ("serving", serving),
-        ("releasing", releasing),
-        ("acquiring", acquiring),
-    ] {
-        gauge!(SLOTS, "state" => state).set(count as f64);
-    }
 }
 
 fn code_name(code: tonic::Code) -> &'static str {

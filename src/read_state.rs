@@ -15,7 +15,8 @@
 use std::ops::DerefMut;
 use std::time::Duration;
 
-use crate::channel_state::{ChannelState, Channels, Shown};
+use crate::channel_state::ChannelState;
+pub use channels::{Channels, NoChannels, Shown};
 
 /// What a read state tracks. `Channel` is almost everything; `Thread` is a
 /// thread the user follows, which belongs to a parent channel (its id is kept
@@ -1179,6 +1180,7 @@ fn search(entries: &[ReadState], key: Key) -> Result<usize, usize> {
 /// See [`search`]: 64 read states of 40 bytes are 40 cache lines.
 const LINEAR_SEARCH: usize = 64;
 
+mod channels;
 pub mod threads;
 
 #[cfg(test)]

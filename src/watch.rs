@@ -16,11 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::channel_state::{Channels, Shown};
 use crate::error::Error;
+use crate::read_state::{Channels, Shown};
 use crate::read_state::{Counts, Key, UserView};
-
-pub mod recount;
 
 /// One change of one user (or, on subscribe, what changed since the
 /// subscriber's version), with the user's totals after it.
@@ -36,7 +34,7 @@ pub struct Change {
     pub deleted: Vec<Key>,
     pub counts: Counts,
     /// Counts that moved with channels counted by channel, the user
-    /// unchanged (see [`recount`]).
+    /// unchanged (see [`crate::cache::recount`]).
     pub recounted: bool,
 }
 

@@ -33,11 +33,11 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
-use crate::client::{ALL_ANSWERED, EPOCH, OWNER, SAFE_TO_RETRY, safe_to_retry};
 use crate::proto::apply_item::Change;
 use crate::proto::apply_result::Outcome;
 use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{ApplyError, ApplyItem, ApplyRequest, ApplyResponse};
+use crate::status::{ALL_ANSWERED, EPOCH, OWNER, SAFE_TO_RETRY, safe_to_retry};
 
 /// The most items a node takes in one batch.
 pub const MAX_BATCH: usize = 1_000;

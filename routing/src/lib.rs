@@ -11,6 +11,8 @@
 //!   [`codec`].
 //! - [`client`]: a client for a fleet that sends each request to its
 //!   user's owner, from the routing table, following redirects.
+//! - [`status`]: the metadata on a node's answers, and which failed
+//!   requests may be sent again.
 //! - [`apply`]: one `Apply` stream to a node, shared by many callers, its
 //!   changes sent in batches of what is queued.
 
@@ -23,6 +25,7 @@ pub mod codec;
 pub mod proto;
 pub mod ring;
 pub mod slot;
+pub mod status;
 
 pub use ring::{Node, Ring, RingError};
 pub use slot::{SLOTS, Slot, slot_of};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::channel_state::NoChannels;
 use crate::read_state::Key;
+use crate::read_state::NoChannels;
 use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use crate::store::memory::MemoryStore;
 use crate::store::{Store, UserWrite};
@@ -292,8 +292,8 @@ async fn a_closed_cache_refuses_changes_and_still_reads() {
 
 mod release {
     use super::*;
-    use crate::channel_state::NoChannels;
     use crate::ownership::{Ownership, SlotState};
+    use crate::read_state::NoChannels;
     use crate::store::faulty::SlowFirstLoad;
     use crate::watch::{Event, Feed};
     use crate::write_behind::{WriteBehind, WriteBehindConfig};

@@ -11,7 +11,7 @@ use super::*;
 // per member (all of it in a channel counted per member, what came before
 // the switch in one counted by channel).
 use crate::read_state::tests::ModelState as Member;
-use crate::read_state::{Counts, Key, UserReadStates};
+use crate::read_state::{Channels, Counts, Key, Kind, NoChannels, UserReadStates};
 
 const C: Key = Key::channel(7);
 
@@ -23,7 +23,7 @@ fn channels(state: ChannelState) -> HashMap<u64, ChannelState> {
 fn unread(user: &UserReadStates, key: Key, channels: &impl Channels) -> Unread {
     let state = user.get(key).expect("a read state");
     match channels.of(state) {
-        Some(channel) => channel.unread(state),
+        Some(channel) => channel.unread(state.last_acked_id, state.unread_count),
         None => Unread {
             count: state.unread_count,
             capped: false,
@@ -151,7 +151,13 @@ fn a_switch_keeps_what_each_member_counted() {
         user.message_created(C, id, id == 12, 1, &NoChannels);
     }
     let mut channel = ChannelState::switched(7, 13, 2);
-    assert_eq!(channel.unread(user.get(C).unwrap()).count, 3);
+    let state = user.get(C).unwrap();
+    assert_eq!(
+        channel
+            .unread(state.last_acked_id, state.unread_count)
+            .count,
+        3
+    );
     channel.message_created(14, 3);
     let channels = channels(channel);
     assert_eq!(unread(&user, C, &channels).count, 4);
@@ -698,7 +704,7 @@ proptest! {
                 let seen: BTreeMap<Key, Member> = user
                     .live()
                     .map(|e| {
-                        let count = channels.of(e).map_or(e.unread_count, |c| c.unread(e).count);
+                        let count = channels.of(e).map_or(e.unread_count, |c| c.unread(e.last_acked_id, e.unread_count).count);
                         (e.key(), Member { unread_count: count, ..Member::of(e) })
                     })
                     .collect();
@@ -735,7 +741,7 @@ proptest! {
                 held.remove(key);
             }
             for e in &delta.read_states {
-                let count = channels.of(e).map_or(e.unread_count, |c| c.unread(e).count);
+                let count = channels.of(e).map_or(e.unread_count, |c| c.unread(e.last_acked_id, e.unread_count).count);
                 held.insert(e.key(), Member { unread_count: count, ..Member::of(e) });
             }
             prop_assert_eq!(held, model.seen(0));

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use super::{convert, validate};
 use crate::cache::Cache;
-use crate::channel_state::Channels;
 use crate::error::Error;
 use crate::proto::{AckRequest, AckResponse};
+use crate::read_state::Channels;
 use crate::read_state::{Key, saturated_count};
 
 pub async fn handle(cache: Arc<Cache>, request: AckRequest) -> Result<AckResponse, Error> {

@@ -1,7 +1,8 @@
 //! Domain types to protobuf messages.
 
-use crate::channel_state::{ChannelState, Channels, Shown};
+use crate::channel_state::ChannelState;
 use crate::proto;
+use crate::read_state::{Channels, Shown};
 use crate::read_state::{Key, ReadState, UserView};
 
 /// `user`'s read state of `key` as a client sees it: in a channel counted

@@ -13,12 +13,12 @@ use super::recipients::{Effect, recipients};
 use super::scatter::{Scatter, keep};
 use super::{reply, validate};
 use crate::cache::Cache;
-use crate::channel_state::Channels;
 use crate::error::Error;
 use crate::proto::{
     ChangeChannelRequest, ChannelTaken, MessageCreatedRequest, MessageCreatedResponse,
     ReadStateKind,
 };
+use crate::read_state::Channels;
 use crate::read_state::{Key, Kind};
 
 pub async fn handle(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
-use crate::channel_state::NoChannels;
+use crate::read_state::NoChannels;
 use threads::{Replied, ThreadCounts};
 
 const C1: Key = Key {

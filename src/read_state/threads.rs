@@ -120,7 +120,7 @@ impl<E: Entries> UserReadStates<E> {
                 message_id,
                 false,
                 now_us,
-                &crate::channel_state::NoChannels,
+                &crate::read_state::NoChannels,
             )),
             (Replied::Author, true) => Ok(self.ack(key, message_id, now_us).is_some()),
             (Replied::Mentioned, true) => Ok(self.message_created(
@@ -128,7 +128,7 @@ impl<E: Entries> UserReadStates<E> {
                 message_id,
                 true,
                 now_us,
-                &crate::channel_state::NoChannels,
+                &crate::read_state::NoChannels,
             )),
             (Replied::Author, false) => {
                 self.room_for_a_thread()?;

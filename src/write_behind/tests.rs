@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use super::*;
 use crate::cache::CacheConfig;
-use crate::channel_state::NoChannels;
 use crate::error::Error;
 use crate::read_state::Key;
+use crate::read_state::NoChannels;
 use crate::store::Store;
 use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
 

@@ -1,6 +1,6 @@
 //! The Cassandra store on its own.
 
-use readstates::channel_state::NoChannels;
+use readstates::read_state::NoChannels;
 use readstates::read_state::{Key, ReadState, TOMBSTONE_RETENTION, UserReadStates};
 use readstates::store::cassandra;
 use readstates::store::{Store, UserWrite, conformance};

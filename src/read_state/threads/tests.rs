@@ -35,7 +35,7 @@ fn a_thread_read_state_keeps_its_parent_and_only_followers_have_one() {
     // Never in the parent channel, nor made by another change.
     assert!(user.get(Key::channel(PARENT)).is_none());
     assert_eq!(user.ack(key(T2), 9, 6), None);
-    let created = user.message_created(key(T2), 9, true, 7, &crate::channel_state::NoChannels);
+    let created = user.message_created(key(T2), 9, true, 7, &crate::read_state::NoChannels);
     assert!(!created);
     assert!(user.get(key(T2)).is_none());
 }
@@ -102,7 +102,7 @@ fn totals_count_threads_overall_and_by_parent_and_clear_when_read() {
     assert_eq!(of(OTHER_PARENT).unread_threads, 1);
     // Thread mentions count toward the user's mentions; unread threads make
     // no channel unread.
-    let badges = user.counts(&crate::channel_state::NoChannels);
+    let badges = user.counts(&crate::read_state::NoChannels);
     assert_eq!(badges.total_mention_count, 1);
     assert_eq!(badges.unread_channel_count, 0);
 
@@ -139,7 +139,7 @@ fn thread_totals_never_go_negative_however_replies_are_deleted_and_threads_left(
 fn a_muted_thread_counts_only_with_a_mention() {
     let mut user = UserReadStates::default();
     user.follow(T1, PARENT, 1, 1).unwrap();
-    let channels = crate::channel_state::NoChannels;
+    let channels = crate::read_state::NoChannels;
     assert!(user.set_muted(key(T1), true, 2, &channels));
     user.reply(T1, PARENT, 5, Replied::Follower, 3).unwrap();
     assert_eq!(counts(&user), ThreadCounts::default());
@@ -156,7 +156,7 @@ fn a_muted_thread_counts_only_with_a_mention() {
 #[test]
 fn ack_all_covers_threads_or_one_parents_only() {
     let mut user = UserReadStates::default();
-    let channels = crate::channel_state::NoChannels;
+    let channels = crate::read_state::NoChannels;
     user.follow(T1, PARENT, 1, 1).unwrap();
     user.follow(T2, OTHER_PARENT, 1, 2).unwrap();
     user.reply(T1, PARENT, 5, Replied::Follower, 3).unwrap();
@@ -181,7 +181,7 @@ fn deleting_a_parent_deletes_its_threads() {
     assert_eq!(user.delete(&[Key::channel(PARENT)], 4), 2);
     assert!(user.get(key(T1)).is_none());
     assert!(user.get(key(T2)).is_some(), "another parent's");
-    let delta = user.view().delta(3, &crate::channel_state::NoChannels);
+    let delta = user.view().delta(3, &crate::read_state::NoChannels);
     assert!(delta.deleted.contains(&key(T1)), "reported in deltas");
 }
 
@@ -317,7 +317,7 @@ fn the_cap_on_channel_tombstones_spares_the_threads() {
         user.follow(T1, OTHER_PARENT, 5, 3000),
         Err(ThreadRefusal::ParentChanged { .. })
     ));
-    assert!(!user.delta(1, &crate::channel_state::NoChannels).partial);
+    assert!(!user.delta(1, &crate::read_state::NoChannels).partial);
 }
 
 /// Found in review of issue 35, item 8: the cap dropped every tombstone of
