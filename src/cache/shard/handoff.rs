@@ -128,3 +128,78 @@ impl Shard {
         true
     }
 }
+
+impl Shard {
+    /// Users held here (cached, evicted unwritten, or watched) that `leaving`
+    /// says are in slots being released.
+    pub(crate) fn users_leaving(&self, leaving: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .users
+            .iter()
+            .map(|u| u.user_id)
+            .chain(self.watchers.keys().copied())
+            .filter(|&id| leaving(id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// Queues every one of `ids` that has unwritten changes (and no write
+    /// under way) for a write now.
+    pub(crate) fn expedite(&mut self, ids: &[u64]) {
+        for &user_id in ids {
+            let Some(slot) = self.users.find(user_id) else {
+                continue;
+            };
+            let user = self.users.get_mut(slot);
+            if !user.is(Flags::IN_FLIGHT) && user.has_unwritten() {
+                // Maybe queued already for later: this entry comes first,
+                // and next_due skips whichever is stale.
+                user.flags.set(Flags::QUEUED, true);
+                self.ready.push_back(user_id);
+                self.wake = true;
+            }
+        }
+    }
+
+    /// How many of `ids` are not written yet, or have a write under way.
+    pub(crate) fn unsettled(&self, ids: &[u64]) -> usize {
+        ids.iter()
+            .filter_map(|&id| self.users.find(id))
+            .map(|slot| self.users.get(slot))
+            .filter(|user| user.is(Flags::IN_FLIGHT) || user.has_unwritten())
+            .count()
+    }
+
+    /// Lets go of `ids`, all written (see [`Shard::expedite`]): clean users
+    /// leave the cache, and their streams get a `moved` event. Returns how
+    /// many were not clean and stay.
+    pub(crate) fn let_go(&mut self, ids: &[u64]) -> usize {
+        let mut kept = 0;
+        for &user_id in ids {
+            if let Some(subscribers) = self.watchers.remove(&user_id) {
+                for subscriber in subscribers {
+                    subscriber.feed.moved(user_id, subscriber.version);
+                }
+            }
+            let Some(slot) = self.users.find(user_id) else {
+                continue;
+            };
+            let user = self.users.get(slot);
+            if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
+                kept += 1;
+                continue;
+            }
+            if user.is(Flags::EVICTED) {
+                self.evicted.remove(&user_id);
+                self.evicted_total
+                    .fetch_sub(user.weight(), Ordering::Relaxed);
+            } else {
+                self.read_states -= user.weight();
+            }
+            self.forget(slot);
+        }
+        kept
+    }
+}
