@@ -99,7 +99,7 @@ impl Cache {
             self.with_shard(index, |shard| shard.expedite_replayed(ids));
         }
         while replayed(self).iter().any(|ids| !ids.is_empty()) {
-            tokio::time::sleep(super::RELEASE_POLL).await;
+            tokio::time::sleep(RELEASE_POLL).await;
         }
     }
 
@@ -208,5 +208,66 @@ impl Cache {
     /// still holds them, and writes them).
     pub fn discard(&self, leaving: impl Fn(u64) -> bool) -> usize {
         self.hand_off(&self.users_leaving(&leaving))
+    }
+}
+
+/// How often a release looks whether its users are all written.
+const RELEASE_POLL: Duration = Duration::from_millis(5);
+
+impl Cache {
+    /// Per shard, its users (cached, evicted, watched) that `leaving` names,
+    /// as they are now (changes may still be under way; see
+    /// [`Cache::settled_users`]).
+    pub fn users_leaving(&self, leaving: &impl Fn(u64) -> bool) -> Vec<Vec<u64>> {
+        (0..self.shards.len())
+            .map(|index| self.with_shard(index, |shard| shard.users_leaving(leaving)))
+            .collect()
+    }
+
+    /// Queues each shard's `users` with unwritten changes for a write now.
+    fn expedite(&self, users: &[Vec<u64>]) {
+        for (index, ids) in users.iter().enumerate() {
+            self.with_shard(index, |shard| shard.expedite(ids));
+        }
+    }
+
+    /// How many of `users` are not written yet.
+    fn unsettled(&self, users: &[Vec<u64>]) -> usize {
+        users
+            .iter()
+            .enumerate()
+            .map(|(index, ids)| self.with_shard(index, |shard| shard.unsettled(ids)))
+            .sum()
+    }
+
+    /// Lets go of the users of slots no longer served (the caller moved
+    /// them out of `Serving` already): waits for every change that may have
+    /// seen them served, writes all their unwritten changes (retrying until
+    /// the store takes them), then drops them from memory, clean ones too,
+    /// and tells their Watch streams they moved. Returns the users let go.
+    pub async fn release(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        let users = self.settled_users(leaving).await;
+        // Queued for a write once: write-behind retries a failed write itself.
+        self.expedite(&users);
+        while self.unsettled(&users) > 0 {
+            tokio::time::sleep(RELEASE_POLL).await;
+        }
+        for (index, ids) in users.iter().enumerate() {
+            let kept = self.with_shard(index, |shard| shard.let_go(ids));
+            // Cannot happen: nothing changes users of slots not served.
+            if kept > 0 {
+                tracing::error!(index, kept, "users changed while released; kept");
+            }
+        }
+        users.iter().map(Vec::len).sum()
+    }
+
+    /// Lets go of the channels counted by channel of slots no longer served
+    /// (as [`Cache::release`] for users): waits for every change that may
+    /// have seen them served, then writes what is unwritten of them. Their
+    /// copies stay. Returns the channels written.
+    pub async fn release_channels(&self, leaving: impl Fn(u64) -> bool) -> usize {
+        self.gate.barrier().await;
+        self.channels.release(leaving).await
     }
 }

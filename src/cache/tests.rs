@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::read_state::Key;
-use crate::read_state::NoChannels;
+use crate::read_state::{Key, NoChannels};
+use crate::recent_deletions::Deletion;
 use crate::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use crate::store::memory::MemoryStore;
 use crate::store::{Store, UserWrite};

@@ -61,7 +61,7 @@ pub struct Shown {
     /// channel.
     pub state: ReadState,
     /// At least `state.unread_count` messages are unread (see
-    /// [`Unread::capped`]).
+    /// [`crate::channel_state::Unread::capped`]).
     pub unread_capped: bool,
     /// A thread's parent channel (0 for every other read state, and until
     /// [`crate::read_state::UserView::shown`] fills it in).
