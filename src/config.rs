@@ -4,7 +4,7 @@
 //! Each setting is listed once, in the `settings!` block below: its doc,
 //! flag, environment variable, type and default. From it come [`Settings`]
 //! (the flags and the file's keys, every field optional) and [`Config`] (every
-//! field resolved). `config/readstates.toml` and the README's table document
+//! field resolved). `config/readstates.toml` and the table in `docs/operations.md` document
 //! every key, and a test checks that they name them all.
 
 use std::net::SocketAddr;
@@ -809,13 +809,13 @@ mod tests {
     }
 
     /// Adding a setting means documenting it: the sample file and the
-    /// README's table name every flag `serve` takes.
+    /// reference's table (docs/operations.md) name every flag `serve` takes.
     #[test]
-    fn the_sample_file_and_the_readme_name_every_setting() {
+    fn the_sample_file_and_the_operations_page_name_every_setting() {
         use clap::CommandFactory;
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let sample = std::fs::read_to_string(root.join("config/readstates.toml")).unwrap();
-        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let reference = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
         let cli = Cli::command();
         let serve = cli.find_subcommand("serve").unwrap();
         let flags: Vec<&str> = serve
@@ -832,8 +832,8 @@ mod tests {
             });
             assert!(in_sample, "config/readstates.toml lacks {key}");
             assert!(
-                readme.contains(&format!("`--{flag}`")),
-                "README lacks --{flag}"
+                reference.contains(&format!("`--{flag}`")),
+                "docs/operations.md lacks --{flag}"
             );
         }
     }
