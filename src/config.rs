@@ -6,122 +6,30 @@
 //! (the flags and the file's keys, every field optional) and [`Config`] (every
 //! field resolved). `config/readstates.toml` and the table in `docs/operations.md` document
 //! every key, and a test checks that they name them all.
+//!
+//! Beside it: [`cli`] (the commands and their arguments) and [`check`]
+//! (settings that cannot work together).
+
+mod check;
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheConfig, handoff};
-use crate::cluster::credential::{FleetCredential, MIN_SECRET_BYTES};
+use crate::cluster::credential::FleetCredential;
 use crate::cluster::lease::LeaseConfig;
 use crate::journal::{JournalConfig, JournalMode};
 use crate::store::cassandra::CassandraConfig;
 use crate::tls::TlsFiles;
+pub use cli::{Cli, Command, RingAction, RingArgs, ServeArgs, WaitArgs};
 
 /// The longest write delay taken: a change may wait this long in memory.
 pub const MAX_WRITE_DELAY: Duration = Duration::from_secs(24 * 3600);
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "readstates",
-    version,
-    about = "Read states (last read message, unread and mention counts) over gRPC"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Runs the gRPC server until SIGTERM or Ctrl-C.
-    Serve(ServeArgs),
-    /// Creates the Cassandra keyspace and tables (safe to run again).
-    Migrate(ServeArgs),
-    /// Shows or changes the fleet's ring, kept in Cassandra (settings as for
-    /// `serve`, before the action: `readstates ring --keyspace k show`).
-    Ring(RingArgs),
-}
-
-#[derive(Debug, Args)]
-pub struct RingArgs {
-    #[command(subcommand)]
-    pub action: RingAction,
-    #[command(flatten)]
-    pub serve: ServeArgs,
-}
-
-/// One change at a time: each is refused until every owner of the current
-/// epoch serves all its slots.
-#[derive(Debug, Subcommand)]
-pub enum RingAction {
-    /// Prints the epoch, the nodes with their weights and slots, what moved
-    /// in this epoch and which owners do not serve all their slots yet.
-    Show,
-    /// Adds a node (start it first, with `serve --node-id NODE --advertise ADDR`).
-    Add {
-        node: String,
-        /// Where other nodes and gateways reach its gRPC port, `host:port`.
-        address: String,
-        /// Its share of the slots is weight / total weight; 0 (a canary
-        /// before its ramp) owns none.
-        #[arg(long, default_value_t = 100)]
-        weight: u32,
-        #[command(flatten)]
-        wait: WaitArgs,
-    },
-    /// Sets a node's weight: raising it moves slots only onto it, lowering
-    /// it moves only its own slots away.
-    SetWeight {
-        node: String,
-        weight: u32,
-        #[command(flatten)]
-        wait: WaitArgs,
-    },
-    /// Removes a node: only its slots move. Stop it once the change is served.
-    Remove {
-        node: String,
-        #[command(flatten)]
-        wait: WaitArgs,
-    },
-    /// Declares a dead node's moving slots released, so that their new
-    /// owners serve them from the store; what it had not written is lost.
-    Release {
-        node: String,
-        /// Required: the node's unwritten changes are given up.
-        #[arg(long)]
-        force: bool,
-        /// Releases them even while the node renews its lease (it may then
-        /// serve them too, until it sees the lease revoked): only when the
-        /// node is known dead and its lease record is not to be waited for.
-        #[arg(long)]
-        ignore_lease: bool,
-    },
-}
-
-#[derive(Clone, Copy, Debug, Args)]
-pub struct WaitArgs {
-    /// After the change, waits until every slot is served by its new owner,
-    /// at most this long (e.g. `30s`), and says how long it took.
-    #[arg(long, value_parser = humantime::parse_duration)]
-    pub wait: Option<Duration>,
-}
-
-/// The settings of `serve` and `migrate` (which uses the Cassandra ones).
-#[derive(Debug, Args)]
-pub struct ServeArgs {
-    /// A TOML file of settings; flags and environment variables override it.
-    #[arg(long, env = "READSTATES_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Prints the resolved configuration as TOML and exits.
-    #[arg(long)]
-    pub print_config: bool,
-    #[command(flatten)]
-    pub settings: Settings,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -472,113 +380,6 @@ impl Config {
         Ok(config)
     }
 
-    /// Refuses settings that cannot work, saying why.
-    pub fn check(&self) -> Result<(), ConfigError> {
-        let refuse = |why: &str| Err(ConfigError(why.to_owned()));
-        if matches!(self.consistency, Consistency::One | Consistency::LocalOne) {
-            return refuse(
-                "consistency ONE and LOCAL_ONE are refused: a user loaded again after a clean \
-                 eviction could be read from a replica that missed its last write, and served \
-                 (and written back) without it; use LOCAL_QUORUM, QUORUM, EACH_QUORUM or ALL",
-            );
-        }
-        let positive = [
-            ("cache_capacity", self.cache_capacity),
-            ("shards", self.shards),
-            ("write_concurrency", self.write_concurrency),
-            ("max_evicted_unwritten", self.max_evicted_unwritten),
-            ("max_concurrent_requests", self.max_concurrent_requests),
-            ("deletion_dedup_capacity", self.deletion_dedup_capacity),
-            ("watch_buffer", self.watch_buffer),
-            ("max_apply_streams", self.max_apply_streams),
-        ];
-        for (name, value) in positive {
-            if value == 0 {
-                return refuse(&format!(
-                    "{name} must be at least 1: with 0 no request could ever be served"
-                ));
-            }
-        }
-        if self.write_delay > MAX_WRITE_DELAY {
-            return refuse(&format!(
-                "write_delay must be at most {}: every change would wait that long for its write",
-                humantime::format_duration(MAX_WRITE_DELAY)
-            ));
-        }
-        if self.node_id.is_some() {
-            if self.store != StoreKind::Cassandra {
-                return refuse(
-                    "node_id needs store = cassandra: the embedded and memory stores are one \
-                     node's own, and the ring lives in Cassandra",
-                );
-            }
-            match &self.advertise {
-                None => {
-                    return refuse(
-                        "node_id needs advertise: the host:port other nodes reach this one at",
-                    );
-                }
-                Some(address) if !readstates_routing::address::is_valid(address) => {
-                    return refuse(&format!(
-                        "advertise {address:?} is not host:port (a DNS name, an IPv4 address or \
-                         [an IPv6 address], and a port from 1 to 65535)"
-                    ));
-                }
-                Some(_) => {}
-            }
-            if self.ring_poll.is_zero() {
-                return refuse("ring_poll must be above 0");
-            }
-            if self.lease < Duration::from_millis(100) || self.lease_margin.is_zero() {
-                return refuse("lease must be at least 100ms, and lease_margin above 0");
-            }
-            match &self.fleet_secret {
-                None => {
-                    return refuse(
-                        "node_id needs fleet_secret: the secret the fleet's nodes share, without \
-                         which anyone who reaches the gRPC port could speak as a node",
-                    );
-                }
-                Some(secret) if secret.expose().len() < MIN_SECRET_BYTES => {
-                    return refuse(&format!(
-                        "fleet_secret must be at least {MIN_SECRET_BYTES} bytes (a random one)"
-                    ));
-                }
-                Some(_) => {}
-            }
-        } else if self.join_weight.is_some() || !self.drain_timeout.is_zero() {
-            return refuse(
-                "join_weight and drain_timeout need node_id: only a node of a fleet has a ring                  to join or drain",
-            );
-        }
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(_), None) | (None, Some(_)) => {
-                return refuse("tls_cert and tls_key go together: a certificate and its key");
-            }
-            (None, None) if self.tls_client_ca.is_some() => {
-                return refuse("tls_client_ca needs tls_cert and tls_key: mTLS is TLS first");
-            }
-            (Some(_), Some(_)) => {
-                if self.node_id.is_some() && self.tls_client_ca.is_none() {
-                    return refuse(
-                        "a fleet node over TLS needs tls_client_ca: nodes call each other over \
-                         mTLS, verified against it",
-                    );
-                }
-                if self.tls_handshake_timeout.is_zero() || self.tls_poll.is_zero() {
-                    return refuse("tls_handshake_timeout and tls_poll must be above 0");
-                }
-            }
-            (None, None) => {}
-        }
-        if self.shutdown_timeout.is_zero() {
-            return refuse(
-                "shutdown_timeout must be above 0: shutdown would give up on every unwritten change",
-            );
-        }
-        Ok(())
-    }
-
     /// The cache's settings.
     pub fn cache(&self) -> CacheConfig {
         CacheConfig {
@@ -679,167 +480,4 @@ impl Settings {
 pub struct ConfigError(String);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sample_config_parses_and_matches_the_defaults() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/readstates.toml");
-        let sample = Config::resolve(Settings::from_file(&path).unwrap());
-        assert_eq!(sample.to_toml(), Config::default().to_toml());
-    }
-
-    #[test]
-    fn flags_override_the_file() {
-        let cli = Cli::try_parse_from([
-            "readstates",
-            "serve",
-            "--write-delay",
-            "2s",
-            "--shards",
-            "4",
-        ])
-        .unwrap();
-        let Command::Serve(args) = cli.command else {
-            panic!("serve")
-        };
-        let file: Settings = toml::from_str("write_delay = \"10s\"\ncache_capacity = 5").unwrap();
-        let config = Config::resolve(args.settings.or(file));
-        assert_eq!(config.write_delay, Duration::from_secs(2));
-        assert_eq!(config.cache_capacity, 5);
-        assert_eq!(config.shards, 4);
-    }
-
-    #[test]
-    fn the_password_is_never_shown() {
-        let cli = Cli::try_parse_from([
-            "readstates",
-            "serve",
-            "--cassandra-password",
-            "hunter2",
-            "--cassandra-nodes",
-            "a:9042,b:9042",
-            "--consistency",
-            "LOCAL_ONE",
-        ])
-        .unwrap();
-        let Command::Serve(args) = cli.command else {
-            panic!("serve")
-        };
-        let config = Config::resolve(args.settings);
-        assert_eq!(config.cassandra().password.as_deref(), Some("hunter2"));
-        assert_eq!(config.cassandra_nodes, ["a:9042", "b:9042"]);
-        assert_eq!(config.consistency, Consistency::LocalOne);
-        assert!(!format!("{config:?}").contains("hunter2"));
-        assert!(!config.to_toml().contains("hunter2"));
-    }
-
-    /// Case 9 of "Lossless at every transition": settings that cannot work
-    /// were accepted.
-    #[test]
-    fn settings_that_cannot_work_are_refused_with_the_reason() {
-        // `readstates serve ARGS`, loaded: why it is refused, if it is.
-        let load = |args: &[&str]| {
-            let cli = ["readstates", "serve"].iter().chain(args);
-            let Command::Serve(args) = Cli::try_parse_from(cli).unwrap().command else {
-                panic!("serve")
-            };
-            Config::load(&args).map(|_| ()).map_err(|e| e.to_string())
-        };
-        let refused = |flag: &str, value: &str| load(&[flag, value]).unwrap_err();
-        for level in ["ONE", "LOCAL_ONE"] {
-            assert!(refused("--consistency", level).contains("LOCAL_QUORUM"));
-        }
-        for flag in [
-            "--max-concurrent-requests",
-            "--max-evicted-unwritten",
-            "--flush-concurrency",
-            "--shards",
-            "--cache-capacity",
-        ] {
-            assert!(refused(flag, "0").contains("at least 1"), "{flag}");
-        }
-        assert!(refused("--shutdown-timeout", "0s").contains("give up"));
-        // Issue 24, item 5: a URL or a space was taken as the address.
-        for address in ["http://127.0.0.1:50051", "bad host:50051", "127.0.0.1"] {
-            let node = [
-                "--store",
-                "cassandra",
-                "--node-id",
-                "n1",
-                "--advertise",
-                address,
-            ];
-            let refusal = load(&node).unwrap_err();
-            assert!(
-                refusal.contains(&format!("advertise {address:?} is not host:port")),
-                "{refusal}"
-            );
-        }
-        // Found by an adversarial review: a huge delay overflowed the clock
-        // and panicked on the first change.
-        assert!(refused("--write-delay", "9223372036854775807s").contains("at most 1day"));
-        // Issue 35, item 1: a fleet node trusts only calls that carry the
-        // fleet's token, so it needs the secret, and one worth the name.
-        let node = |secret: Option<&str>| {
-            let mut args = vec![
-                "--store",
-                "cassandra",
-                "--node-id",
-                "n1",
-                "--advertise",
-                "127.0.0.1:50051",
-            ];
-            args.extend(
-                secret
-                    .map(|secret| ["--fleet-secret", secret])
-                    .into_iter()
-                    .flatten(),
-            );
-            load(&args)
-        };
-        assert!(node(None).unwrap_err().contains("needs fleet_secret"));
-        assert!(
-            node(Some("short"))
-                .unwrap_err()
-                .contains("at least 16 bytes")
-        );
-        assert_eq!(node(Some("sixteen bytes at least")), Ok(()));
-        assert!(Config::default().check().is_ok());
-    }
-
-    /// Adding a setting means documenting it: the sample file and the
-    /// reference's table (docs/operations.md) name every flag `serve` takes.
-    #[test]
-    fn the_sample_file_and_the_operations_page_name_every_setting() {
-        use clap::CommandFactory;
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let sample = std::fs::read_to_string(root.join("config/readstates.toml")).unwrap();
-        let reference = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
-        let cli = Cli::command();
-        let serve = cli.find_subcommand("serve").unwrap();
-        let flags: Vec<&str> = serve
-            .get_arguments()
-            .filter_map(|arg| arg.get_long())
-            .filter(|flag| !matches!(*flag, "config" | "print-config"))
-            .collect();
-        assert!(flags.len() >= 20, "{flags:?}");
-        for flag in flags {
-            let key = flag.replace('-', "_");
-            let in_sample = sample.lines().any(|line| {
-                line.trim_start_matches("# ")
-                    .starts_with(&format!("{key} ="))
-            });
-            assert!(in_sample, "config/readstates.toml lacks {key}");
-            assert!(
-                reference.contains(&format!("`--{flag}`")),
-                "docs/operations.md lacks --{flag}"
-            );
-        }
-    }
-
-    #[test]
-    fn unknown_keys_are_refused() {
-        assert!(toml::from_str::<Settings>("write_dealy = \"1s\"").is_err());
-    }
-}
+mod tests;
