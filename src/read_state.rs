@@ -12,11 +12,12 @@
 //! which the store is known to hold this user. No per-entry flag is needed, and a write
 //! that raced with newer changes leaves exactly those newer changes unwritten.
 
-use std::ops::DerefMut;
 use std::time::Duration;
 
 use crate::channel_state::ChannelState;
 pub use channels::{Channels, NoChannels, Shown};
+pub use entries::{Entries, Header, Owned, first_thread, thread_count};
+pub use view::UserView;
 
 /// What a read state tracks. `Channel` is almost everything; `Thread` is a
 /// thread the user follows, which belongs to a parent channel (its id is kept
@@ -208,114 +209,6 @@ impl Counts {
             counts
         })
     }
-}
-
-/// A user's versions without its read states: what the cache keeps beside
-/// the read states, which it stores packed (see [`UserReadStates::from_parts`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Header {
-    pub version: u64,
-    pub written_version: u64,
-    pub delta_floor: u64,
-    /// A "delete all" at `delta_floor` is not written yet.
-    pub clear_pending: bool,
-}
-
-/// Where a user's read states live, sorted by key: [`Owned`] on their own;
-/// the cache keeps them in its arena and changes them there. Beside them,
-/// the parent ids of the thread read states (tombstones too): 8 bytes each,
-/// kept only for threads, which sort last, so the `i`-th parent is that of
-/// the `i`-th thread entry. Only [`UserReadStates`] keeps the two in step.
-pub trait Entries: DerefMut<Target = [ReadState]> {
-    /// Inserts `entry` at `index`, shifting the ones after it up.
-    fn insert(&mut self, index: usize, entry: ReadState);
-    /// Keeps only the entries `keep` says to, in order.
-    fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool);
-    /// Removes every entry.
-    fn clear(&mut self);
-    /// The parent ids of the thread entries, in their order.
-    fn parents(&self) -> &[u64];
-    /// Replaces them (rare: only following a thread or dropping one moves
-    /// them).
-    fn set_parents(&mut self, parents: &[u64]);
-}
-
-/// A user's read states on their own (loaded, handed over, in tests).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Owned {
-    entries: Vec<ReadState>,
-    parents: Vec<u64>,
-}
-
-impl Owned {
-    /// `entries` sorted by key, with the parent ids of its thread entries.
-    pub fn new(entries: Vec<ReadState>, parents: Vec<u64>) -> Owned {
-        Owned { entries, parents }
-    }
-
-    /// Read states each with its parent id (0 but for a thread's), in any
-    /// order: sorted, one per key, and a thread read state without a
-    /// parent dropped (no build makes one).
-    pub fn from_rows(mut rows: Vec<(ReadState, u64)>) -> Owned {
-        rows.retain(|(e, parent)| e.kind != Kind::Thread || *parent != 0);
-        rows.sort_unstable_by_key(|(e, _)| e.key());
-        rows.dedup_by_key(|(e, _)| e.key());
-        let first = rows.partition_point(|(e, _)| e.kind < Kind::Thread);
-        let parents = rows[first..].iter().map(|&(_, parent)| parent).collect();
-        let mut entries: Vec<ReadState> = rows.into_iter().map(|(e, _)| e).collect();
-        entries.shrink_to_fit();
-        Owned { entries, parents }
-    }
-}
-
-impl std::ops::Deref for Owned {
-    type Target = [ReadState];
-
-    fn deref(&self) -> &[ReadState] {
-        &self.entries
-    }
-}
-
-impl DerefMut for Owned {
-    fn deref_mut(&mut self) -> &mut [ReadState] {
-        &mut self.entries
-    }
-}
-
-impl Entries for Owned {
-    fn insert(&mut self, index: usize, entry: ReadState) {
-        // Exact growth: per-user vectors are small and many, and doubling
-        // would waste a third of them on average.
-        self.entries.reserve_exact(1);
-        self.entries.insert(index, entry);
-    }
-
-    fn retain(&mut self, keep: impl FnMut(&ReadState) -> bool) {
-        self.entries.retain(keep);
-    }
-
-    fn clear(&mut self) {
-        *self = Owned::default();
-    }
-
-    fn parents(&self) -> &[u64] {
-        &self.parents
-    }
-
-    fn set_parents(&mut self, parents: &[u64]) {
-        self.parents = parents.to_vec();
-    }
-}
-
-/// Where a user's thread entries start (they sort last).
-pub fn first_thread(entries: &[ReadState]) -> usize {
-    entries.partition_point(|e| e.kind < Kind::Thread)
-}
-
-/// How many of a user's entries are threads' (tombstones too): how many
-/// parents they have.
-pub fn thread_count(entries: &[ReadState]) -> usize {
-    entries.len() - first_thread(entries)
 }
 
 /// All read states of one user, sorted by key, with the user's version.
@@ -962,205 +855,6 @@ impl<E: Entries> UserReadStates<E> {
     }
 }
 
-/// One user's read states, read-only and borrowed: what a read sees, also
-/// where a cache stores them packed.
-#[derive(Clone, Copy, Debug)]
-pub struct UserView<'a> {
-    header: Header,
-    /// Sorted by key.
-    entries: &'a [ReadState],
-    /// The parent ids of the thread entries (see [`Entries::parents`]).
-    parents: &'a [u64],
-}
-
-impl<'a, E: Entries> From<&'a UserReadStates<E>> for UserView<'a> {
-    fn from(user: &'a UserReadStates<E>) -> UserView<'a> {
-        user.view()
-    }
-}
-
-impl<'a> UserView<'a> {
-    /// `entries` must be sorted by key, as [`UserReadStates::into_parts`]
-    /// gives them.
-    pub fn new(header: Header, entries: &'a [ReadState], parents: &'a [u64]) -> UserView<'a> {
-        UserView {
-            header,
-            entries,
-            parents,
-        }
-    }
-
-    /// The parent ids of the thread entries, in their order.
-    pub fn parents(self) -> &'a [u64] {
-        self.parents
-    }
-
-    /// Each read state and tombstone with its parent id (0 but for a
-    /// thread's): as the store keeps them.
-    pub fn with_parents(self) -> impl Iterator<Item = (&'a ReadState, u64)> {
-        let first = first_thread(self.entries);
-        let parents = std::iter::repeat_n(0, first).chain(self.parents.iter().copied());
-        self.entries.iter().zip(parents)
-    }
-
-    /// The parent of the thread read state (or tombstone) of `thread_id`.
-    pub fn parent_of(self, thread_id: u64) -> Option<u64> {
-        let key = Key {
-            kind: Kind::Thread,
-            channel_id: thread_id,
-        };
-        let index = search(self.entries, key).ok()?;
-        self.parents
-            .get(index - first_thread(self.entries))
-            .copied()
-    }
-
-    pub fn header(self) -> Header {
-        self.header
-    }
-
-    /// Read states and tombstones, sorted by key.
-    pub fn entries(self) -> &'a [ReadState] {
-        self.entries
-    }
-
-    pub fn version(self) -> u64 {
-        self.header.version
-    }
-
-    pub fn written_version(self) -> u64 {
-        self.header.written_version
-    }
-
-    pub fn delta_floor(self) -> u64 {
-        self.header.delta_floor
-    }
-
-    /// Read states and tombstones held, the unit of cache capacity.
-    pub fn len(self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Has changes the store does not hold yet.
-    pub fn has_unwritten(self) -> bool {
-        self.header.version > self.header.written_version
-    }
-
-    /// The live read state for `key`.
-    pub fn get(self, key: Key) -> Option<&'a ReadState> {
-        let entries = self.entries;
-        search(entries, key)
-            .ok()
-            .map(|i| &entries[i])
-            .filter(|e| !e.deleted)
-    }
-
-    /// Every live read state, sorted by key.
-    pub fn live(self) -> impl Iterator<Item = &'a ReadState> {
-        self.entries.iter().filter(|e| !e.deleted)
-    }
-
-    /// The badge numbers, with the unread counts of channels counted by
-    /// channel counted now.
-    pub fn counts(self, channels: &impl Channels) -> Counts {
-        Counts::of(self.live().map(|e| channels.shown(e).state))
-    }
-
-    /// What a client is sent of this user (GetReadStates, a Watch change):
-    /// [`Self::delta`] with each read state as shown, and the totals. The
-    /// full set is every live read state, so its totals are counted from
-    /// what is sent: each read state is counted once.
-    /// `state`, one of this user's, as a client sees it: counted now in a
-    /// channel counted by channel, with its parent if it is a thread's.
-    pub fn shown(self, state: &ReadState, channels: &impl Channels) -> Shown {
-        let parent_id = match state.kind {
-            Kind::Thread => self.parent_of(state.channel_id).unwrap_or(0),
-            _ => 0,
-        };
-        Shown {
-            parent_id,
-            ..channels.shown(state)
-        }
-    }
-
-    pub fn answer(self, since: u64, channels: &impl Channels) -> Answer {
-        let delta = self.delta(since, channels);
-        // Both sorted by key: each thread's parent is found walking along.
-        let mut threads = self.threads().peekable();
-        let read_states: Vec<Shown> = (delta.read_states.into_iter())
-            .map(|state| {
-                let shown = channels.shown(state);
-                if state.kind != Kind::Thread {
-                    return shown;
-                }
-                while threads.next_if(|(t, _)| t.key() < state.key()).is_some() {}
-                Shown {
-                    parent_id: threads.peek().map_or(0, |&(_, parent)| parent),
-                    ..shown
-                }
-            })
-            .collect();
-        let counts = match delta.partial {
-            false => Counts::of(read_states.iter().map(|s| s.state)),
-            true => self.counts(channels),
-        };
-        Answer {
-            partial: delta.partial,
-            read_states,
-            deleted: delta.deleted,
-            counts,
-        }
-    }
-
-    /// What changed after `since`, or the full set when `since` is 0 or no
-    /// exact delta can be given (tombstones dropped, a wipe, a version from
-    /// the future). A read state counted by channel changes count without a
-    /// change of version, so a partial delta carries all of them.
-    pub fn delta(self, since: u64, channels: &impl Channels) -> Delta<'a> {
-        let Header {
-            version,
-            delta_floor,
-            ..
-        } = self.header;
-        if since == 0 || since < delta_floor || since > version {
-            return Delta {
-                partial: false,
-                read_states: self.live().collect(),
-                deleted: Vec::new(),
-            };
-        }
-        let changed = (self.entries.iter())
-            .filter(|e| e.version > since || (!e.deleted && channels.of(e).is_some()));
-        let (deleted, live): (Vec<&ReadState>, Vec<&ReadState>) = changed.partition(|e| e.deleted);
-        Delta {
-            partial: true,
-            read_states: live,
-            deleted: deleted.iter().map(|e| e.key()).collect(),
-        }
-    }
-
-    /// The version of a "delete all" the store has not seen yet: the next
-    /// write must first remove every stored row older than it.
-    pub fn pending_clear(self) -> Option<u64> {
-        self.header.clear_pending.then_some(self.header.delta_floor)
-    }
-
-    /// See [`UserReadStates::unwritten_count`].
-    pub fn unwritten_count(self) -> usize {
-        self.unwritten_entries().count() + usize::from(self.header.clear_pending)
-    }
-
-    /// The entries a write must carry: those changed after `written_version`.
-    pub fn unwritten_entries(self) -> impl Iterator<Item = &'a ReadState> {
-        let written = self.header.written_version;
-        self.entries.iter().filter(move |e| e.version > written)
-    }
-}
-
 /// Where `key` is in `entries` (sorted by key), or where it would go.
 /// A user's read states are a cache miss away: up to [`LINEAR_SEARCH`] of
 /// them are scanned in order, whose loads the CPU and its prefetcher run
@@ -1181,7 +875,9 @@ fn search(entries: &[ReadState], key: Key) -> Result<usize, usize> {
 const LINEAR_SEARCH: usize = 64;
 
 mod channels;
+mod entries;
 pub mod threads;
+mod view;
 
 #[cfg(test)]
 pub(crate) mod tests;
