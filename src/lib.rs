@@ -30,7 +30,8 @@
 //! gRPC handler → validated domain call → cache shard (applied under its
 //! lock, user queued) → write-behind → store. Nothing flows back except a
 //! user loaded on a miss. On a node of a fleet, the handler first routes:
-//! a user served elsewhere goes to its owner ([`grpc::route`]).
+//! a user served elsewhere goes to its owner ([`grpc::route`]). No module
+//! imports one that imports it back (`scripts/check-imports.py`, in CI).
 
 #![forbid(unsafe_code)]
 
