@@ -10,34 +10,18 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use readstates::cache::{Cache, CacheConfig};
-use readstates::read_state::NoChannels;
-use readstates::read_state::{Key, ReadState};
+use readstates::cache::Cache;
+
+use readstates::read_state::{Key, NoChannels, ReadState};
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, UserWrite};
+use readstates::test_support::{bench_cache, bench_runtime};
 
 const USERS: u64 = 10_000;
 const CHANNELS: u64 = 20;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn cache(capacity: usize) -> Arc<Cache> {
-    Cache::new(
-        CacheConfig {
-            capacity,
-            shards: 64,
-            write_delay: Duration::from_secs(3600),
-            max_evicted_unwritten: usize::MAX,
-            write_concurrency: 32,
-            ..CacheConfig::default()
-        },
-        Arc::new(MemoryStore::new()),
-    )
+    bench_cache(capacity, Arc::new(MemoryStore::new()))
 }
 
 /// A cache holding USERS users of CHANNELS read states each.
@@ -65,7 +49,7 @@ fn filled(rt: &tokio::runtime::Runtime) -> Arc<Cache> {
 }
 
 fn cached_operations(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     let cache = filled(&rt);
     let mut group = c.benchmark_group("cached");
     let mut next = 0u64;
@@ -163,7 +147,7 @@ fn cached_operations(c: &mut Criterion) {
 /// when each user it touches is a cache miss.
 fn cold_operations(c: &mut Criterion) {
     const COLD_USERS: u64 = 100_000;
-    let rt = runtime();
+    let rt = bench_runtime();
     let cache = cache((COLD_USERS * CHANNELS) as usize * 2);
     rt.block_on(async {
         for user_id in 1..=COLD_USERS {
@@ -228,7 +212,7 @@ fn cold_operations(c: &mut Criterion) {
 }
 
 fn miss_path(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     // The store holds 10,000 users of CHANNELS read states; the cache has
     // room for 1,000, so nearly every read misses, loads and evicts.
     let store = Arc::new(MemoryStore::new());
@@ -241,17 +225,7 @@ fn miss_path(c: &mut Criterion) {
             store.write(&UserWrite::of(user_id, &user)).await.unwrap();
         }
     });
-    let cache = Cache::new(
-        CacheConfig {
-            capacity: 1_000 * CHANNELS as usize,
-            shards: 64,
-            write_delay: Duration::from_secs(3600),
-            max_evicted_unwritten: usize::MAX,
-            write_concurrency: 32,
-            ..CacheConfig::default()
-        },
-        store,
-    );
+    let cache = bench_cache(1_000 * CHANNELS as usize, store);
     let mut next = 0u64;
     c.bench_function("miss/load_insert_evict", |b| {
         b.to_async(&rt).iter(|| {

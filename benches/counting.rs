@@ -7,18 +7,17 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use readstates::cache::{Cache, CacheConfig};
 use readstates::channel_state::RECENT_MESSAGES;
 use readstates::config::{Config, Settings};
 use readstates::grpc::{ReadStatesService, ServiceConfig};
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_server::ReadStates;
-use readstates::read_state::Key;
-use readstates::read_state::NoChannels;
+use readstates::read_state::{Key, NoChannels};
+
 use readstates::store::memory::MemoryStore;
+use readstates::test_support::{bench_cache, bench_runtime};
 use tonic::Request;
 
 const USERS: u64 = 2_000;
@@ -27,24 +26,11 @@ const CHANNELS: u64 = 200;
 /// channel in the second node.
 const BY_CHANNEL: u64 = 50;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A node whose users are each in every channel, with a few unread and a
 /// mention here and there; `by_channel` of the channels counted by channel.
 fn node(rt: &tokio::runtime::Runtime, by_channel: u64) -> ReadStatesService {
-    let cache = Cache::new(
-        CacheConfig {
-            capacity: (USERS * CHANNELS) as usize * 2,
-            shards: 64,
-            write_delay: Duration::from_secs(3600),
-            max_evicted_unwritten: usize::MAX,
-            ..CacheConfig::default()
-        },
+    let cache = bench_cache(
+        (USERS * CHANNELS) as usize * 2,
         Arc::new(MemoryStore::new()),
     );
     let counted = CHANNELS - by_channel + 1..=CHANNELS;
@@ -86,7 +72,7 @@ fn node(rt: &tokio::runtime::Runtime, by_channel: u64) -> ReadStatesService {
 }
 
 fn get_read_states(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     let nodes = [
         ("200_per_member", node(&rt, 0)),
         ("150_per_member_50_by_channel", node(&rt, BY_CHANNEL)),

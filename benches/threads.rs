@@ -7,18 +7,17 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use readstates::cache::{Cache, CacheConfig};
 use readstates::config::{Config, Settings};
 use readstates::grpc::{ReadStatesService, ServiceConfig};
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_server::ReadStates;
-use readstates::read_state::Key;
-use readstates::read_state::NoChannels;
+use readstates::read_state::{Key, NoChannels};
+
 use readstates::read_state::threads::Replied;
 use readstates::store::memory::MemoryStore;
+use readstates::test_support::{bench_cache, bench_runtime};
 use tonic::Request;
 
 const USERS: u64 = 1_000;
@@ -26,24 +25,11 @@ const READ_STATES: u64 = 500;
 /// Of them, in the second node, threads (of the user's channels).
 const THREADS: u64 = 300;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A node whose users each have `READ_STATES` read states, `threads` of
 /// them followed threads, with a few unread and a mention here and there.
 fn node(rt: &tokio::runtime::Runtime, threads: u64) -> ReadStatesService {
-    let cache = Cache::new(
-        CacheConfig {
-            capacity: (USERS * READ_STATES) as usize * 2,
-            shards: 64,
-            write_delay: Duration::from_secs(3600),
-            max_evicted_unwritten: usize::MAX,
-            ..CacheConfig::default()
-        },
+    let cache = bench_cache(
+        (USERS * READ_STATES) as usize * 2,
         Arc::new(MemoryStore::new()),
     );
     let channels = READ_STATES - threads;
@@ -80,7 +66,7 @@ fn node(rt: &tokio::runtime::Runtime, threads: u64) -> ReadStatesService {
 }
 
 fn get_read_states(c: &mut Criterion) {
-    let rt = runtime();
+    let rt = bench_runtime();
     let nodes = [
         ("500_channels", node(&rt, 0)),
         ("200_channels_300_threads", node(&rt, THREADS)),

@@ -42,9 +42,6 @@ for _ in $(seq 1 100); do
 done
 echo "backups attached in the fleet with backups: $attached of 2"
 
-# cpu_ticks PID...: user + system time of processes, in clock ticks.
-cpu_ticks() { for pid in "$@"; do cat "/proc/$pid/stat"; done | awk '{ s += $14 + $15 } END { print s }'; }
-
 # measure NAME FLEET_PORT_PREFIX PIDS... -- [ARGS...]: one run; prints
 # "ok/s cpu-us-per-request p99-ms".
 measure() {
@@ -57,16 +54,7 @@ measure() {
     "$LT" run --workload "$WORKLOAD" --target "$name=cluster://127.0.0.1:${prefix}1" \
         --duration "$DURATION" --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
     after=$(cpu_ticks "${fleet_pids[@]}")
-    python3 - "$OUT/$name.json" "$WORKLOAD" "$before" "$after" "$(getconf CLK_TCK)" <<'EOF'
-import json, re, sys, tomllib
-report = json.load(open(sys.argv[1]))
-warmup = tomllib.load(open(sys.argv[2], "rb")).get("load", {}).get("warmup", "0s")
-warmup = float(re.fullmatch(r"([\d.]+)s", warmup).group(1))
-before, after, hz = map(int, sys.argv[3:6])
-requests = report["requests"] * (report["seconds"] + warmup) / report["seconds"]
-cpu = (after - before) / hz * 1e6 / max(requests, 1)
-print(f"{report['throughput']:.0f} {cpu:.1f} {report['latency']['p99_us'] / 1000:.2f}")
-EOF
+    per_request "$OUT/$name.json" "$WORKLOAD" "$before" "$after"
 }
 
 # Preload once per fleet.

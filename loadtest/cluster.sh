@@ -26,17 +26,14 @@ for n in 1 2 3; do
     "$RS" ring "${common[@]}" add "n$n" "127.0.0.1:5020$n" --weight 100 --wait 60s >/dev/null
 done
 
-# CPU time of the three nodes, in clock ticks.
-cpu_ticks() { for pid in "${pids[@]}"; do cat "/proc/$pid/stat"; done | awk '{ s += $14 + $15 } END { print s }'; }
-
 # measure NAME URL DURATION [ARGS...]: prints "ok/s p99.9-ms cpu-us-per-request errors".
 measure() {
     local name=$1 url=$2 duration=$3 before after
     shift 3
-    before=$(cpu_ticks)
+    before=$(cpu_ticks "${pids[@]}")
     "$LT" run --workload "$WORKLOAD" --target "$name=$url" --duration "$duration" \
         --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
-    after=$(cpu_ticks)
+    after=$(cpu_ticks "${pids[@]}")
     python3 - "$OUT/$name.json" "$before" "$after" "$(getconf CLK_TCK)" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -51,3 +51,23 @@ stop_fleet() {
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     wait 2>/dev/null || true
 }
+
+# cpu_ticks PID...: user + system time of processes, in clock ticks.
+cpu_ticks() { for pid in "$@"; do cat "/proc/$pid/stat"; done | awk '{ s += $14 + $15 } END { print s }'; }
+
+# per_request REPORT WORKLOAD BEFORE AFTER: from a loadtest report and the
+# servers' CPU ticks around its run, prints "ok/s cpu-us-per-request
+# p99-ms". The servers also worked through the warm-up, at about the same
+# rate, so the requests are scaled up to cover it.
+per_request() {
+    python3 - "$1" "$2" "$3" "$4" "$(getconf CLK_TCK)" <<'EOF'
+import json, re, sys, tomllib
+report = json.load(open(sys.argv[1]))
+warmup = tomllib.load(open(sys.argv[2], "rb")).get("load", {}).get("warmup", "0s")
+warmup = float(re.fullmatch(r"([\d.]+)s", warmup).group(1))
+before, after, hz = map(int, sys.argv[3:6])
+requests = report["requests"] * (report["seconds"] + warmup) / report["seconds"]
+cpu = (after - before) / hz * 1e6 / max(requests, 1)
+print(f"{report['throughput']:.0f} {cpu:.1f} {report['latency']['p99_us'] / 1000:.2f}")
+EOF
+}

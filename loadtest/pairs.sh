@@ -68,8 +68,7 @@ fi
 trap 'kill $baseline_pid $readstates_pid $compare_pid 2>/dev/null || true' EXIT
 sleep 1
 
-# cpu_ticks PID: user + system time of a process, in clock ticks.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+source loadtest/lib.sh
 
 # measure NAME PID URL [ARGS...]: one closed-loop run; prints "ok/s
 # cpu-us-per-request".
@@ -80,16 +79,7 @@ measure() {
     "$LT" run --workload "$WORKLOAD" --target "$name=$url" --rate 0 --duration "$DURATION" \
         --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
     after=$(cpu_ticks "$pid")
-    python3 - "$OUT/$name.json" "$WORKLOAD" "$before" "$after" "$(getconf CLK_TCK)" <<'EOF'
-import json, re, sys, tomllib
-report = json.load(open(sys.argv[1]))
-warmup = tomllib.load(open(sys.argv[2], "rb")).get("load", {}).get("warmup", "0s")
-warmup = float(re.fullmatch(r"([\d.]+)s", warmup).group(1))
-before, after, hz = map(int, sys.argv[3:6])
-# The server also worked through the warm-up, at about the same rate.
-requests = report["requests"] * (report["seconds"] + warmup) / report["seconds"]
-print(f"{report['throughput']:.0f} {(after - before) / hz * 1e6 / requests:.1f}")
-EOF
+    per_request "$OUT/$name.json" "$WORKLOAD" "$before" "$after" | cut -d' ' -f1,2
 }
 
 # Preload once (readstates keeps the data), so that the measured runs'

@@ -54,11 +54,11 @@ use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::error::Error;
 use readstates::ownership::{Ownership, SlotState};
-use readstates::read_state::NoChannels;
 use readstates::read_state::threads::Replied;
-use readstates::read_state::{Key, Kind};
+use readstates::read_state::{Key, Kind, NoChannels};
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
+use readstates::test_support::replayable;
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
 use readstates_routing::{Node, SLOTS, Slot};
 use tokio_util::sync::CancellationToken;
@@ -1065,24 +1065,17 @@ fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
             .start_paused(true)
             .build()
             .unwrap();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let ran = replayable("fleet simulation", "FLEET_SEED", seed, || {
             runtime.block_on(simulate(seed))
-        })) {
-            Ok(ran) => {
-                total.operations += ran.operations;
-                total.channel_moves += ran.channel_moves;
-                total.taken += ran.taken;
-                total.followers += ran.followers;
-                total.handed += ran.handed;
-                total.again += ran.again;
-                total.restarts += ran.restarts;
-                total.cut += ran.cut;
-            }
-            Err(panic) => {
-                eprintln!("fleet simulation failed at seed {seed}; replay with FLEET_SEED={seed}");
-                std::panic::resume_unwind(panic);
-            }
-        }
+        });
+        total.operations += ran.operations;
+        total.channel_moves += ran.channel_moves;
+        total.taken += ran.taken;
+        total.followers += ran.followers;
+        total.handed += ran.handed;
+        total.again += ran.again;
+        total.restarts += ran.restarts;
+        total.cut += ran.cut;
     }
     let Ran {
         operations,

@@ -53,6 +53,7 @@ use readstates::proto::*;
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
+use readstates::test_support::replayable;
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
 use std::convert::Infallible;
 
@@ -1531,25 +1532,17 @@ fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() 
             .start_paused(true)
             .build()
             .unwrap();
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let outcome = replayable("simulation", "SIMULATION_SEED", seed, || {
             runtime.block_on(simulate(seed))
-        }));
-        match outcome {
-            Ok(outcome) => {
-                total.operations += outcome.operations;
-                total.streamed += outcome.streamed;
-                total.unanswered += outcome.unanswered;
-                total.lossy_shutdowns += outcome.lossy_shutdowns;
-                total.crashes += outcome.crashes;
-                total.switched += outcome.switched;
-                total.counted_by_channel += outcome.counted_by_channel;
-                total.followed_threads += outcome.followed_threads;
-            }
-            Err(panic) => {
-                eprintln!("simulation failed at seed {seed}; replay with SIMULATION_SEED={seed}");
-                std::panic::resume_unwind(panic);
-            }
-        }
+        });
+        total.operations += outcome.operations;
+        total.streamed += outcome.streamed;
+        total.unanswered += outcome.unanswered;
+        total.lossy_shutdowns += outcome.lossy_shutdowns;
+        total.crashes += outcome.crashes;
+        total.switched += outcome.switched;
+        total.counted_by_channel += outcome.counted_by_channel;
+        total.followed_threads += outcome.followed_threads;
     }
     println!(
         "simulation: {} seeds, {} operations ({} over Apply streams; {} refused or cut \

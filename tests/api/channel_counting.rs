@@ -10,7 +10,7 @@ use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::proto::*;
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
-use readstates::test_support::{ack, delete, message};
+use readstates::test_support::{ack, delete, deleted, message, switch};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -20,28 +20,12 @@ const CHANNEL: u64 = 10;
 /// The channel's last message when it is switched.
 const SWITCHED_AT: u64 = 100;
 
-fn switch(channel_id: u64, counted_from: u64) -> SetChannelCountingRequest {
-    SetChannelCountingRequest {
-        channel_id,
-        counted_from,
-    }
-}
-
 /// How a backend adds a member: a manual ack at the channel's last message,
 /// with nothing unread.
 fn join(user_id: u64, channel_id: u64, at: u64) -> AckRequest {
     AckRequest {
         manual: true,
         ..ack(user_id, channel_id, at)
-    }
-}
-
-fn deleted(channel_id: u64, message_id: u64, mentioned: &[u64]) -> MessageDeletedRequest {
-    MessageDeletedRequest {
-        channel_id,
-        message_id,
-        mentioned_user_ids: mentioned.to_vec(),
-        ..MessageDeletedRequest::default()
     }
 }
 
@@ -228,13 +212,13 @@ async fn a_deleted_message_lowers_only_who_had_not_read_it_and_a_retry_nothing()
     c.ack(ack(2, CHANNEL, 101)).await.unwrap();
 
     // 101: the channel lets go of it, and user 1's mention drops.
-    let answer = c.message_deleted(deleted(CHANNEL, 101, &[1, 2])).await;
+    let answer = c.message_deleted(deleted(CHANNEL, 101, &[1, 2], &[])).await;
     assert_eq!(
         answer.unwrap().into_inner().updated,
         2,
         "the channel and user 1"
     );
-    let retry = c.message_deleted(deleted(CHANNEL, 101, &[1, 2])).await;
+    let retry = c.message_deleted(deleted(CHANNEL, 101, &[1, 2], &[])).await;
     assert_eq!(
         retry.unwrap().into_inner().updated,
         0,
@@ -376,7 +360,9 @@ async fn a_channels_state_and_its_members_counts_survive_a_restart() {
             .await
             .unwrap();
     }
-    c.message_deleted(deleted(CHANNEL, 102, &[])).await.unwrap();
+    c.message_deleted(deleted(CHANNEL, 102, &[], &[]))
+        .await
+        .unwrap();
     // Before the write delay: only shutdown writes the channel.
     assert_eq!(app.stop().await.unwritten, 0);
 
@@ -449,7 +435,7 @@ async fn bad_switches_and_member_lists_get_clear_statuses() {
     );
     let listed = c.message_deleted(MessageDeletedRequest {
         unread_user_ids: vec![1],
-        ..deleted(CHANNEL, 101, &[])
+        ..deleted(CHANNEL, 101, &[], &[])
     });
     assert_eq!(listed.await.unwrap_err().code(), Code::InvalidArgument);
     // Nothing of the refused message was taken.
@@ -473,7 +459,7 @@ async fn a_part_marked_as_taken_by_its_channel_is_refused_from_a_client() {
     assert!(refused.message().contains("channel_taken"), "{refused:?}");
     let removed = MessageDeletedRequest {
         channel_taken: taken,
-        ..deleted(CHANNEL, 101, &[1])
+        ..deleted(CHANNEL, 101, &[1], &[])
     };
     let refused = c.message_deleted(removed).await.unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument);

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use readstates::proto::*;
-use readstates::test_support::{ack, message};
+use readstates::test_support::{ack, deleted, message, switch};
 use readstates_routing::slot_of;
 use tonic::Code;
 
@@ -20,22 +20,6 @@ use crate::helpers::TestApp;
 /// How long a copy may take to reach every node (sent every 100 ms).
 const COPIED_WITHIN: Duration = Duration::from_secs(5);
 const SWITCHED_AT: u64 = 100;
-
-fn switch(channel_id: u64) -> SetChannelCountingRequest {
-    SetChannelCountingRequest {
-        channel_id,
-        counted_from: SWITCHED_AT,
-    }
-}
-
-fn deleted(channel_id: u64, message_id: u64, mentioned: &[u64]) -> MessageDeletedRequest {
-    MessageDeletedRequest {
-        channel_id,
-        message_id,
-        mentioned_user_ids: mentioned.to_vec(),
-        ..MessageDeletedRequest::default()
-    }
-}
 
 /// A member joins: a manual ack at the channel's last message.
 async fn join(app: &mut TestApp, user_id: u64, channel_id: u64) {
@@ -101,13 +85,19 @@ async fn a_fleet_counts_a_channel_by_channel_once_whichever_node_takes_its_messa
 
     // Switched through a node that may not own it: answered once every
     // node has it. A retry answers false; another message is refused.
-    let switched = b.client.set_channel_counting(switch(CHANNEL)).await;
+    let switched = b
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await;
     assert!(switched.unwrap().into_inner().applied);
-    let again = c.client.set_channel_counting(switch(CHANNEL)).await;
+    let again = c
+        .client
+        .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await;
     assert!(!again.unwrap().into_inner().applied);
     let other = SetChannelCountingRequest {
         counted_from: 99,
-        ..switch(CHANNEL)
+        ..switch(CHANNEL, SWITCHED_AT)
     };
     let refused = a.client.set_channel_counting(other).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
@@ -177,11 +167,11 @@ async fn a_fleet_counts_a_channel_by_channel_once_whichever_node_takes_its_messa
 
     // Deleted through a node, again through another: lowered once.
     a.client
-        .message_deleted(deleted(CHANNEL, 101, &[5]))
+        .message_deleted(deleted(CHANNEL, 101, &[5], &[]))
         .await
         .unwrap();
     c.client
-        .message_deleted(deleted(CHANNEL, 101, &[5]))
+        .message_deleted(deleted(CHANNEL, 101, &[5], &[]))
         .await
         .unwrap();
     settles(&mut [&mut *a, &mut *b, &mut *c], 5, CHANNEL, (0, 3)).await;
@@ -202,7 +192,10 @@ async fn a_channel_counted_by_channel_moves_with_its_slot_and_back() {
     let channels: Vec<u64> = (1_000..1_040).collect();
     const MEMBER: u64 = 3;
     for &channel in &channels {
-        let switched = a.client.set_channel_counting(switch(channel)).await;
+        let switched = a
+            .client
+            .set_channel_counting(switch(channel, SWITCHED_AT))
+            .await;
         assert!(switched.unwrap().into_inner().applied);
         join(&mut a, MEMBER, channel).await;
         a.client
@@ -248,7 +241,7 @@ async fn a_channel_counted_by_channel_moves_with_its_slot_and_back() {
             .await
             .unwrap();
         b.client
-            .message_deleted(deleted(channel, 101, &[MEMBER]))
+            .message_deleted(deleted(channel, 101, &[MEMBER], &[]))
             .await
             .unwrap();
     }
@@ -273,7 +266,10 @@ async fn a_node_that_joins_after_a_switch_counts_by_channel_from_its_first_reque
     const MEMBER: u64 = 4;
     const MENTIONED: u64 = 5;
     for &channel in &channels {
-        let switched = a.client.set_channel_counting(switch(channel)).await;
+        let switched = a
+            .client
+            .set_channel_counting(switch(channel, SWITCHED_AT))
+            .await;
         assert!(switched.unwrap().into_inner().applied);
         join(&mut a, MEMBER, channel).await;
     }
@@ -308,7 +304,10 @@ async fn a_switch_does_not_wait_for_a_stopped_node_that_owns_no_slot() {
     add(&ring, "c", &stopped, 0).await;
     stopped.stop().await;
     for channel in 3_000..3_010 {
-        let switched = a.client.set_channel_counting(switch(channel)).await;
+        let switched = a
+            .client
+            .set_channel_counting(switch(channel, SWITCHED_AT))
+            .await;
         assert!(switched.unwrap().into_inner().applied, "channel {channel}");
     }
 }
@@ -325,7 +324,7 @@ async fn a_message_refused_as_invalid_is_not_taken_by_its_channel() {
     const CHANNEL: u64 = 91;
     assert!(
         a.client
-            .set_channel_counting(switch(CHANNEL))
+            .set_channel_counting(switch(CHANNEL, SWITCHED_AT))
             .await
             .unwrap()
             .into_inner()

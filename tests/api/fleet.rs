@@ -45,10 +45,29 @@ pub fn shared() -> (Arc<MemoryStore>, Arc<MemoryRingStore>) {
 
 /// A node `id` of the fleet whose ring is `ring`, on `store`.
 pub async fn member(id: &str, store: &Arc<MemoryStore>, ring: &Arc<MemoryRingStore>) -> TestApp {
+    member_on(id, store, ring.clone()).await
+}
+
+/// A node `id` on `store` that reads the ring from `ring`.
+async fn member_on(id: &str, store: &Arc<MemoryStore>, ring: Arc<dyn RingStore>) -> TestApp {
     let mut config = test_config();
     config.node_id = Some(id.to_owned());
     config.ring_poll = Duration::from_millis(50);
-    spawn_member(config, store.clone(), ring.clone()).await
+    spawn_member(config, store.clone(), ring).await
+}
+
+/// A node `id` that sees `ring` through a [`Lagging`] view, to hold it at
+/// an older epoch.
+async fn lagging_member(
+    id: &str,
+    store: &Arc<MemoryStore>,
+    ring: &Arc<MemoryRingStore>,
+) -> (TestApp, Arc<Lagging>) {
+    let lagging = Arc::new(Lagging {
+        ring: ring.clone(),
+        held: std::sync::Mutex::default(),
+    });
+    (member_on(id, store, lagging.clone()).await, lagging)
 }
 
 /// Nodes `first` and `second` of weight 100 each, on one store and ring.
@@ -578,14 +597,7 @@ impl RingStore for Lagging {
 #[tokio::test]
 async fn a_request_forwarded_to_a_new_owner_still_acquiring_is_served_by_the_previous_owner() {
     let (store, ring) = shared();
-    let lagging = Arc::new(Lagging {
-        ring: ring.clone(),
-        held: std::sync::Mutex::default(),
-    });
-    let mut config = test_config();
-    config.node_id = Some("x".to_owned());
-    config.ring_poll = Duration::from_millis(50);
-    let x = spawn_member(config, store.clone(), lagging.clone()).await;
+    let (x, lagging) = lagging_member("x", &store, &ring).await;
     let mut entry = member("entry", &store, &ring).await;
     let mut b = member("b", &store, &ring).await;
     add(&ring, "x", &x, 100).await;
@@ -1028,14 +1040,7 @@ async fn a_node_is_ready_only_once_it_has_read_the_ring() {
 async fn a_request_meeting_an_owner_in_an_older_epoch_is_served() {
     let (store, ring) = shared();
     let n1 = member("n1", &store, &ring).await;
-    let late = Arc::new(Lagging {
-        ring: ring.clone(),
-        held: std::sync::Mutex::default(),
-    });
-    let mut config = test_config();
-    config.node_id = Some("n3".into());
-    config.ring_poll = Duration::from_millis(50);
-    let n3 = spawn_member(config, store.clone(), late.clone()).await;
+    let (n3, late) = lagging_member("n3", &store, &ring).await;
     let mut n2 = member("n2", &store, &ring).await;
     add(&ring, "n1", &n1, 100).await;
     add(&ring, "n3", &n3, 100).await;

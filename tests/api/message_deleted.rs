@@ -5,25 +5,10 @@ use std::time::Duration;
 
 use readstates::proto::*;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
-use readstates::test_support::message;
+use readstates::test_support::{deleted, message};
 use tonic::Request;
 
 use crate::helpers::{spawn_app, spawn_app_on, spawn_app_with, test_config};
-
-fn deleted(
-    channel_id: u64,
-    message_id: u64,
-    mentioned: &[u64],
-    unread: &[u64],
-) -> MessageDeletedRequest {
-    MessageDeletedRequest {
-        channel_id,
-        message_id,
-        mentioned_user_ids: mentioned.to_vec(),
-        unread_user_ids: unread.to_vec(),
-        ..MessageDeletedRequest::default()
-    }
-}
 
 #[tokio::test]
 async fn a_deletion_lowers_only_the_counts_it_raised_and_a_retry_lowers_nothing() {
