@@ -1,9 +1,12 @@
-//! A change of many users at once (a message to a channel's members, a
-//! read of many users): their phases top to bottom are pin the held users,
-//! load and pin the others ([`Cache::pin_all`]), apply the change to all
-//! under each shard's lock without an `.await` ([`Cache::change_many`]),
-//! then unpin them (dropping [`super::pins::Pins`]). The shard offers each
-//! step.
+//! A change of many users at once (a message to a channel's members), all
+//! or nothing. Its phases, in [`Cache::change_many`] top to bottom: pin the
+//! held users and load and pin the others ([`Cache::pin_all`]), enter the
+//! gate and check every user is still served here, apply the change to each
+//! under its shard's lock without an `.await` (unpinning it there), then
+//! write through if asked and wait for the journal. The shard offers each
+//! step (`pin`, `pin_loading`, `unpin`); [`super::pins::Pins`] gives back
+//! what a dropped request pinned. Reading many users ([`Cache::read_many`])
+//! needs no pins and comes last.
 
 use std::sync::Arc;
 
@@ -152,52 +155,6 @@ impl Cache {
         Ok((first, results))
     }
 
-    /// Reads each of `user_ids`, results in order. Reads need no
-    /// all-or-nothing, so cached users are read at once and only the
-    /// misses are loaded (several at a time) and read after.
-    pub async fn read_many<R>(
-        self: &Arc<Self>,
-        user_ids: &[u64],
-        mut f: impl FnMut(&UserView) -> R,
-    ) -> Result<Vec<R>, Error> {
-        for &user_id in user_ids {
-            self.served(user_id)?;
-        }
-        let mut results: Vec<Option<R>> = user_ids
-            .iter()
-            .map(|&id| {
-                self.with_shard(self.shard_of(id), |shard| {
-                    let result = shard.read(id, &mut f);
-                    shard.count_lookup(result.is_some());
-                    result
-                })
-            })
-            .collect();
-        let missing: Vec<u64> = user_ids
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_none())
-            .map(|(&id, _)| id)
-            .collect();
-        if !missing.is_empty() {
-            let mut loads = futures::stream::iter(missing)
-                .map(|id| self.with_user(id, false, move |shard| shard.read(id, |_| ())))
-                .buffer_unordered(LOADS_PER_REQUEST);
-            while let Some(result) = loads.next().await {
-                result?;
-            }
-            for (slot, &user_id) in results.iter_mut().zip(user_ids) {
-                if slot.is_none() {
-                    *slot = Some(
-                        self.with_user(user_id, false, |shard| shard.read(user_id, &mut f))
-                            .await?,
-                    );
-                }
-            }
-        }
-        Ok(results.into_iter().flatten().collect())
-    }
-
     /// Loads every uncached user among `user_ids` (several at a time) and
     /// pins them all until the returned [`Pins`] is dropped.
     pub(super) async fn pin_all(self: &Arc<Self>, user_ids: &[u64]) -> Result<Pins, Error> {
@@ -271,5 +228,51 @@ impl Cache {
                 }
             }
         }
+    }
+
+    /// Reads each of `user_ids`, results in order. Reads need no
+    /// all-or-nothing, so cached users are read at once and only the
+    /// misses are loaded (several at a time) and read after.
+    pub async fn read_many<R>(
+        self: &Arc<Self>,
+        user_ids: &[u64],
+        mut f: impl FnMut(&UserView) -> R,
+    ) -> Result<Vec<R>, Error> {
+        for &user_id in user_ids {
+            self.served(user_id)?;
+        }
+        let mut results: Vec<Option<R>> = user_ids
+            .iter()
+            .map(|&id| {
+                self.with_shard(self.shard_of(id), |shard| {
+                    let result = shard.read(id, &mut f);
+                    shard.count_lookup(result.is_some());
+                    result
+                })
+            })
+            .collect();
+        let missing: Vec<u64> = user_ids
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_none())
+            .map(|(&id, _)| id)
+            .collect();
+        if !missing.is_empty() {
+            let mut loads = futures::stream::iter(missing)
+                .map(|id| self.with_user(id, false, move |shard| shard.read(id, |_| ())))
+                .buffer_unordered(LOADS_PER_REQUEST);
+            while let Some(result) = loads.next().await {
+                result?;
+            }
+            for (slot, &user_id) in results.iter_mut().zip(user_ids) {
+                if slot.is_none() {
+                    *slot = Some(
+                        self.with_user(user_id, false, |shard| shard.read(user_id, &mut f))
+                            .await?,
+                    );
+                }
+            }
+        }
+        Ok(results.into_iter().flatten().collect())
     }
 }
