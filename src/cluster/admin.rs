@@ -9,9 +9,10 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use readstates_routing::ring::NO_OWNER;
-use readstates_routing::{Node, RingError};
+use readstates_routing::{Node, RingError, Slot};
 
 use super::lease::{self, LeaseConfig, Seen};
+use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::store::StoreError;
 
@@ -192,13 +193,42 @@ pub async fn fence(
 /// and counts them released, so they serve them at once. Its lease must be
 /// revoked already ([`fence`]). Slots it was still to release in the
 /// current epoch are released first (as `ring release --force` does); a
-/// handoff under way among the others is then waited for. Returns the
-/// record made (or found, if `dead` is out of the ring already).
-pub async fn take_over(store: &dyn RingStore, dead: &str) -> Result<RingRecord, AdminError> {
+/// handoff under way among the others is then waited for, and so is every
+/// node that was handing slots to `dead` (asked through `peers`, as `me`):
+/// one whose handoff failed writes those users to the store before it lets
+/// them go, and their next owners must find them there. Returns the record
+/// made (or found, if `dead` is out of the ring already).
+pub async fn take_over(
+    store: &dyn RingStore,
+    peers: &dyn Peers,
+    me: &str,
+    dead: &str,
+) -> Result<RingRecord, AdminError> {
+    // Senders known to have let their slots go, with the epoch.
+    let mut let_go: BTreeMap<String, u64> = BTreeMap::new();
     loop {
         let record = store.load().await?;
         if record.ring.node(dead).is_none() {
             return Ok(record);
+        }
+        let epoch = record.ring.epoch();
+        let owed = owed_to(&record, dead);
+        if let Some((sender, slots)) =
+            (owed.into_iter()).find(|(sender, _)| let_go.get(&sender.id) != Some(&epoch))
+        {
+            // Until it answers, or is forced or taken over itself (then in
+            // `released`), or the epoch moves on.
+            match peers
+                .release_slots(&sender.address, epoch, &slots, me)
+                .await
+            {
+                Ok(()) => drop(let_go.insert(sender.id, epoch)),
+                Err(error) => {
+                    tracing::warn!(epoch, sender = %sender.id, %error, "a takeover waits for a release to the dead node");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            continue;
         }
         // Slots it was handing over in this epoch: their new owners wait
         // for a release that will never come.
@@ -223,6 +253,23 @@ pub async fn take_over(store: &dyn RingStore, dead: &str) -> Result<RingRecord, 
             return Ok(next);
         }
     }
+}
+
+/// The nodes of `record` (other than `dead`, and not released by force)
+/// that were handing slots to `dead` in its epoch, with those slots.
+fn owed_to(record: &RingRecord, dead: &str) -> Vec<(Node, Vec<Slot>)> {
+    let mut owed: BTreeMap<&str, Vec<Slot>> = BTreeMap::new();
+    for (slot, from) in record.moving() {
+        let to_dead = record.ring.owner(slot).is_some_and(|n| n.id == dead);
+        if let Some(from) = from.filter(|&from| to_dead && from != dead)
+            && !record.released.contains(from)
+        {
+            owed.entry(from).or_default().push(slot);
+        }
+    }
+    (owed.into_iter())
+        .filter_map(|(id, slots)| Some((record.previous.node(id)?.clone(), slots)))
+        .collect()
 }
 
 /// Waits until every owner of `epoch` serves all its slots.
@@ -306,6 +353,8 @@ pub fn describe(record: &RingRecord, progress: &BTreeMap<String, u64>) -> String
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::cluster::ring_store::memory::MemoryRingStore;
 
@@ -431,5 +480,86 @@ mod tests {
         let shown = describe(&record, &store.progress().await.unwrap());
         assert!(shown.contains("released by force: a"), "{shown}");
         assert!(shown.contains("waiting on: a, b"), "{shown}");
+    }
+
+    /// Peers of which `a` lets its slots go only once told to (a node
+    /// still writing the users it failed to hand over).
+    #[derive(Debug)]
+    struct Letting {
+        asked: std::sync::Mutex<Vec<(String, u64, usize)>>,
+        let_go: tokio::sync::watch::Sender<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Peers for Letting {
+        async fn release_slots(
+            &self,
+            address: &str,
+            epoch: u64,
+            slots: &[readstates_routing::Slot],
+            _from: &str,
+        ) -> Result<(), String> {
+            (self.asked.lock().unwrap()).push((address.to_owned(), epoch, slots.len()));
+            let mut let_go = self.let_go.subscribe();
+            let_go
+                .wait_for(|&done| done)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        }
+
+        async fn hand_over(
+            &self,
+            _address: &str,
+            _handoff: crate::cluster::handoff::Handoff,
+            _parts: futures::stream::BoxStream<'static, crate::cluster::handoff::Part>,
+        ) -> Result<usize, String> {
+            Err("no handoffs here".to_owned())
+        }
+    }
+
+    /// A takeover of a node others were handing slots to waits until they
+    /// let them go: one whose handoff to the dead node failed writes those
+    /// users to the store first, and the epoch the takeover makes gives
+    /// the slots to owners that serve them at once, from the store.
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_waits_for_the_nodes_handing_slots_to_the_dead_one() {
+        let store = Arc::new(MemoryRingStore::default());
+        change(&*store, RingChange::Add(node("a", 100)))
+            .await
+            .unwrap();
+        store.report("a", 1).await.unwrap();
+        let moving = change(&*store, RingChange::Add(node("d", 100)))
+            .await
+            .unwrap();
+        let to_d = moving
+            .moving()
+            .filter(|&(_, from)| from == Some("a"))
+            .count();
+        assert!(to_d > 0);
+        // a serves all it still owns; d dies before it serves its slots.
+        store.report("a", 2).await.unwrap();
+        let peers = Arc::new(Letting {
+            asked: std::sync::Mutex::default(),
+            let_go: tokio::sync::watch::Sender::new(false),
+        });
+        let taking = tokio::spawn({
+            let (store, peers) = (store.clone(), peers.clone());
+            async move { take_over(&*store, &*peers, "b", "d").await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            store.load().await.unwrap().ring.epoch(),
+            2,
+            "taken over before a let go"
+        );
+        assert_eq!(
+            *peers.asked.lock().unwrap(),
+            [("a:50051".to_owned(), 2, to_d)]
+        );
+        peers.let_go.send_replace(true);
+        let taken = taking.await.unwrap().unwrap();
+        assert_eq!(taken.ring.epoch(), 3);
+        assert!(taken.ring.node("d").is_none() && taken.released.contains("d"));
     }
 }

@@ -132,6 +132,11 @@ impl Member {
         self.inner.cache.ownership()
     }
 
+    /// How this node calls the others.
+    pub fn peers(&self) -> &Arc<dyn Peers> {
+        &self.inner.peers
+    }
+
     pub fn cache(&self) -> &Arc<Cache> {
         &self.inner.cache
     }

@@ -147,7 +147,9 @@ impl Takeover {
         let taking = async {
             self.write(taken).await;
             let written = started.elapsed();
-            (admin::take_over(&*self.ring_store, node).await, written)
+            let peers = &**self.member.peers();
+            let taken = admin::take_over(&*self.ring_store, peers, self.member.id(), node).await;
+            (taken, written)
         };
         let (result, written) = tokio::select! {
             done = taking => done,
