@@ -534,3 +534,45 @@ async fn a_change_applied_under_the_lease_but_synced_after_it_lapsed_is_not_answ
     );
     journal.close(false);
 }
+
+/// A handed-in user is journaled under its shard's lock, as every other
+/// change is: a backup that attaches re-journals each shard under its lock
+/// (`Cache::rejournal`), so a user installed meanwhile is either in the
+/// shard by then or journaled after the stream attached, never neither
+/// (the backup would lack its changes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_in_user_is_journaled_under_its_shards_lock() {
+    use crate::cache::handoff::{Chunk, HandedUser};
+    use crate::read_state::UserReadStates;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, journal) = journaled_cache(
+        dir.path(),
+        Arc::new(crate::store::memory::MemoryStore::new()),
+    );
+    let mut states = UserReadStates::default();
+    states.ack(Key::channel(10), 100, crate::clock::now_micros());
+    let handed = HandedUser {
+        user_id: 7,
+        states,
+        unwritten_for: None,
+    };
+    let before = journal.appended();
+    let (installer, journaled_while_locked) = cache.with_shard(cache.shard_of(7), |_| {
+        let installer = std::thread::spawn({
+            let cache = cache.clone();
+            move || cache.install(Chunk::Users(vec![handed]))
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        (installer, journal.appended() - before)
+    });
+    assert_eq!(
+        journaled_while_locked, 0,
+        "journaled outside the shard's lock"
+    );
+    assert_eq!(installer.join().unwrap(), 1);
+    assert!(
+        journal.appended() > before,
+        "a handed-in change is journaled"
+    );
+}
