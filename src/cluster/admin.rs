@@ -222,7 +222,9 @@ pub async fn take_over(
                 .release_slots(&sender.address, epoch, &slots, me)
                 .await
             {
-                Ok(()) => drop(let_go.insert(sender.id, epoch)),
+                Ok(()) => {
+                    let_go.insert(sender.id, epoch);
+                }
                 Err(error) => {
                     tracing::warn!(epoch, sender = %sender.id, %error, "a takeover waits for a release to the dead node");
                     tokio::time::sleep(Duration::from_millis(200)).await;
