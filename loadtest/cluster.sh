@@ -7,7 +7,10 @@
 # twice (routed to owners, then entering at one node), for errors, latency,
 # how long moving slots were served nowhere, store loads, the cache hit
 # ratio and how long each ring change took to be served. The nodes keep the default 30 s write
-# delay: moved users carry the last 30 s of changes unwritten.
+# delay: moved users carry the last 30 s of changes unwritten. Last, a node
+# killed (kill -9) and then one frozen for 20 s under open-loop acks at
+# FAULT_RATE (default: the moving rate), each summed up in one line with
+# the acknowledged acks lost, read back from Cassandra.
 #
 #   loadtest/cluster.sh                    3 pairs of 10 s runs
 #   PAIRS=5 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml MOVING_LOAD=0.25 loadtest/cluster.sh
@@ -143,3 +146,23 @@ print(f"store loads during the run: {loads1 - loads0:.0f}; cache hit ratio "
 PY
     grep "served by its owner" "$OUT/ring.out" | sed 's/^/ring change: /'
 done
+
+# A node lost for good, then one frozen for 20 s, each under open-loop acks
+# through the fleet client at FAULT_RATE a second (by default the moving
+# slots' rate: half the routed median). Every acknowledged ack is read back
+# from Cassandra once the write delay (30 s) has passed (`loadtest failover`).
+fault_rate="${FAULT_RATE:-$rate}"
+store_args=(--cassandra-nodes "${common[3]}" --keyspace "${common[5]}")
+drain
+(sleep 5 && kill -9 "${pids[2]}") &
+fault=$!
+"$LT" failover --entry 127.0.0.1:50201 --rate "$fault_rate" --duration 20s --settle 40s \
+    "${store_args[@]}" --what "killing a node"
+wait "$fault"
+# n3 is gone for good (its backup took it over); n2 freezes, and n1, its
+# backup, takes it over: then a fleet of one.
+(sleep 5 && kill -STOP "${pids[1]}" && sleep 20 && kill -CONT "${pids[1]}") &
+fault=$!
+"$LT" failover --entry 127.0.0.1:50201 --rate "$fault_rate" --duration 40s --settle 40s \
+    "${store_args[@]}" --what "freezing a node for 20 s"
+wait "$fault"

@@ -10,6 +10,8 @@
 //! - [`baseline`]: the no-work server.
 //! - [`watchers`]: Watch streams held open during a run.
 //! - [`crash`]: kill -9 of a server under load, checked against a ledger.
+//! - [`failover`]: a fleet node killed or frozen under load, the ledger
+//!   checked against Cassandra.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,7 @@ pub mod baseline;
 pub mod chart;
 pub mod commands;
 pub mod crash;
+pub mod failover;
 pub mod keys;
 pub mod op;
 pub mod report;

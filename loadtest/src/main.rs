@@ -47,6 +47,10 @@ enum Command {
     /// kill -9 of a readstates server at random moments under open-loop
     /// acks, each acknowledged one checked after every restart.
     Crash(loadtest::crash::CrashArgs),
+    /// Open-loop acks through the fleet client while the calling script
+    /// kills or freezes a node, each acknowledged one then read from
+    /// Cassandra.
+    Failover(loadtest::failover::FailoverArgs),
     /// A Markdown table of the run reports (`*.json`) in a directory.
     Summary { dir: PathBuf },
     /// Serves readstates.v1 with canned responses and no work: the transport ceiling.
@@ -78,6 +82,7 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Crash(args) => loadtest::crash::run(args).await,
+        Command::Failover(args) => loadtest::failover::run(args).await,
         Command::Summary { dir } => commands::summary(&dir).map(|table| print!("{table}")),
         Command::BaselineServer {
             listen,
