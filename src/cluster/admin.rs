@@ -245,7 +245,7 @@ pub async fn take_over(
             store.release(record.ring.epoch(), dead).await?;
             continue;
         }
-        let mut waiting = record.waiting_on(&store.progress().await?);
+        let mut waiting = record.waiting_on(&progress);
         waiting.retain(|node| node != dead);
         if !waiting.is_empty() {
             tokio::time::sleep(Duration::from_millis(100)).await;
