@@ -30,7 +30,7 @@ use crate::cluster::backup::held::Backups;
 use crate::cluster::backup::mirror::Mirror;
 use crate::cluster::backup::takeover::Takeover;
 use crate::cluster::copier::Copier;
-use crate::cluster::lease::Holder;
+use crate::cluster::lease::{BackupName, Holder};
 use crate::cluster::member::{Member, MemberConfig};
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::presence::Presence;
@@ -281,7 +281,15 @@ impl Application {
                     // Stopped last, once nothing is served (see `Running::stop`).
                     let lease_stop = CancellationToken::new();
                     let ring_store_for_takeover = ring_store.clone();
-                    let holder = Holder::new(ring_store, member.clone(), config.lease());
+                    // Which copy of its unwritten changes may take it over:
+                    // the lease names it, the backup stream asks.
+                    let backup_name = BackupName::new();
+                    let holder = Holder::new(
+                        ring_store,
+                        member.clone(),
+                        config.lease(),
+                        backup_name.clone(),
+                    );
                     let lease = (lease_stop.clone(), tokio::spawn(holder.run(lease_stop)));
                     // Ready once the ring is read and the lease held: before,
                     // every request would be refused (Kubernetes sends none
@@ -304,7 +312,11 @@ impl Application {
                     // takes over should it die; and the same for others.
                     let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
                     let mirror = backed_up.map(|journal| {
-                        Mirror::new(journal).run(member.clone(), peers.clone(), stop.clone())
+                        Mirror::new(journal, backup_name).run(
+                            member.clone(),
+                            peers.clone(),
+                            stop.clone(),
+                        )
                     });
                     let takeover = Takeover {
                         member: member.clone(),

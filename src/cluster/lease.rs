@@ -11,16 +11,20 @@
 //!   release first sees its lease unrenewed for the duration plus the
 //!   margin, on its own clock, then revokes it with [`revoke`], naming the
 //!   record it saw, so that a renewal in between wins.
+//! - [`BackupName`]: the record also names which copy of this node's
+//!   unwritten changes a takeover may use; the backup stream asks, the
+//!   holder records it with a renewal made at once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::{counter, gauge};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::member::Member;
-use super::ring_store::{LeaseRecord, RingStore};
+use super::ring_store::{LeaseRecord, NO_BACKUP, RingStore};
 use crate::metrics::{LEASE_HELD, LEASE_RENEWALS};
 use crate::store::StoreError;
 
@@ -47,6 +51,12 @@ impl LeaseConfig {
     /// before it lapses.
     pub fn renew_every(&self) -> Duration {
         self.duration / 4
+    }
+
+    /// Between two reads of a watched lease: its lapse is seen at most
+    /// this late.
+    pub fn watch_every(&self) -> Duration {
+        self.renew_every() / 3
     }
 
     /// How long a lease must be seen unrenewed before it may be taken.
@@ -91,7 +101,7 @@ pub async fn watch(
         if before.duration_since(since) >= config.lapse() {
             return Ok(Seen::Lapsed(first));
         }
-        tokio::time::sleep(config.renew_every()).await;
+        tokio::time::sleep(config.watch_every()).await;
     }
 }
 
@@ -104,8 +114,62 @@ pub async fn revoke(
     let revoked = LeaseRecord {
         holder: String::new(),
         renewals: lapsed.renewals + 1,
+        backup: lapsed.backup.clone(),
     };
     store.swap_lease(node, Some(lapsed), &revoked).await
+}
+
+/// What this node's lease record names as the copy a takeover may use
+/// ([`LeaseRecord::backup`]; `docs/failover.md`, "Which copy may take
+/// over"): the backup stream says what it wants named, and the holder
+/// records it with a renewal made at once, then says what the record names.
+#[derive(Debug)]
+pub struct BackupName {
+    wanted: watch::Sender<String>,
+    /// What the last renewal that applied recorded.
+    recorded: watch::Sender<String>,
+}
+
+impl BackupName {
+    /// Wants [`NO_BACKUP`], and knows of no record yet.
+    pub fn new() -> Arc<BackupName> {
+        Arc::new(BackupName {
+            wanted: watch::Sender::new(NO_BACKUP.to_owned()),
+            recorded: watch::Sender::new(String::new()),
+        })
+    }
+
+    /// Asks for `name` to be recorded.
+    pub fn want(&self, name: &str) {
+        self.wanted.send_if_modified(|wanted| {
+            let changed = wanted != name;
+            if changed {
+                name.clone_into(wanted);
+            }
+            changed
+        });
+    }
+
+    /// What is asked for (the holder's side; tests play it too).
+    pub fn wanted(&self) -> watch::Receiver<String> {
+        self.wanted.subscribe()
+    }
+
+    /// What the record names, as the holder last renewed it.
+    pub fn recorded(&self) -> watch::Receiver<String> {
+        self.recorded.subscribe()
+    }
+
+    /// The holder's side: `record` applied.
+    fn applied(&self, record: &LeaseRecord) {
+        self.recorded.send_if_modified(|recorded| {
+            let changed = *recorded != record.backup;
+            if changed {
+                record.backup.clone_into(recorded);
+            }
+            changed
+        });
+    }
 }
 
 /// Holds this node's lease until stopped (see the module's doc).
@@ -117,15 +181,22 @@ pub struct Holder {
     /// waited out, never taken over while it may be live.
     incarnation: String,
     config: LeaseConfig,
+    backup: Arc<BackupName>,
 }
 
 impl Holder {
-    pub fn new(store: Arc<dyn RingStore>, member: Member, config: LeaseConfig) -> Holder {
+    pub fn new(
+        store: Arc<dyn RingStore>,
+        member: Member,
+        config: LeaseConfig,
+        backup: Arc<BackupName>,
+    ) -> Holder {
         Holder {
             store,
             member,
             incarnation: incarnation(),
             config,
+            backup,
         }
     }
 
@@ -138,6 +209,7 @@ impl Holder {
     /// it, so that the next start need not wait it out.
     pub async fn run(self, stop: CancellationToken) {
         let mut held: Option<LeaseRecord> = None;
+        let mut wanted = self.backup.wanted.subscribe();
         loop {
             // A renewal that hangs must not outlast the lease: the next one
             // is tried instead (a taking may wait out an earlier lease).
@@ -145,6 +217,8 @@ impl Holder {
                 Some(_) => self.config.renew_every(),
                 None => self.config.lapse() * 2,
             };
+            // Seen before the record is made: a later want renews again.
+            wanted.mark_unchanged();
             let attempt = tokio::time::timeout(within, self.renew_or_take(held.as_ref(), &stop));
             let outcome = tokio::select! {
                 outcome = attempt => outcome.unwrap_or_else(|_| {
@@ -161,6 +235,7 @@ impl Holder {
                         tracing::info!(renewals = record.renewals, "lease taken");
                     }
                     counter!(LEASE_RENEWALS, "result" => "applied").increment(1);
+                    self.backup.applied(&record);
                     held = Some(record);
                 }
                 Ok(None) => {
@@ -169,6 +244,9 @@ impl Holder {
                         held = self.lost() => held,
                         () = stop.cancelled() => break,
                     };
+                    if let Some(record) = &held {
+                        self.backup.applied(record);
+                    }
                 }
                 Err(e) => {
                     // The deadline passes by itself if this goes on.
@@ -181,8 +259,10 @@ impl Holder {
             } else {
                 0.0
             });
+            // A backup to name (or to name no more) is renewed at once.
             tokio::select! {
                 () = tokio::time::sleep(self.config.renew_every()) => {}
+                _ = wanted.changed(), if held.is_some() => {}
                 () = stop.cancelled() => break,
             }
         }
@@ -192,6 +272,7 @@ impl Holder {
             let released = LeaseRecord {
                 holder: String::new(),
                 renewals: record.renewals + 1,
+                backup: NO_BACKUP.to_owned(),
             };
             match self
                 .store
@@ -247,6 +328,7 @@ impl Holder {
         LeaseRecord {
             holder: self.incarnation.clone(),
             renewals,
+            backup: self.backup.wanted.borrow().clone(),
         }
     }
 

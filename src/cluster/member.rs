@@ -153,6 +153,11 @@ impl Member {
         self.inner.ring.borrow().clone()
     }
 
+    /// The ring as this node adopts it, epoch after epoch.
+    pub fn ring_changes(&self) -> watch::Receiver<Arc<RingRecord>> {
+        self.inner.ring.subscribe()
+    }
+
     /// Looks at the ring now, and waits (at most `within`) until this node
     /// has adopted `epoch` or a later one.
     pub async fn catch_up(&self, epoch: u64, within: Duration) {

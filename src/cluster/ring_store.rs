@@ -118,7 +118,16 @@ pub struct LeaseRecord {
     pub holder: String,
     /// Raised by every change of the record: others time its changes.
     pub renewals: u64,
+    /// Which copy of the node's unwritten changes a takeover may use: the
+    /// token of the backup stream that holds every change it answered, or
+    /// [`NO_BACKUP`] while it answers on its own journal alone. Empty in
+    /// records of builds before it (a takeover then goes by the stream).
+    pub backup: String,
 }
+
+/// [`LeaseRecord::backup`] of a node whose changes rest on its own
+/// journal alone: no copy held elsewhere may take it over.
+pub const NO_BACKUP: &str = "none";
 
 impl LeaseRecord {
     /// Whether an incarnation holds it.

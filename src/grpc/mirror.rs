@@ -18,6 +18,9 @@ use crate::proto::{MirrorRequest, MirrorResponse};
 /// off, as a broken stream: it sends at least every half second.
 const SILENCE: Duration = Duration::from_secs(3);
 
+/// The longest stream token taken (a sender's are about 60 bytes).
+const MAX_TOKEN_LEN: usize = 256;
+
 pub type Responses = ReceiverStream<Result<MirrorResponse, Status>>;
 
 pub async fn handle(
@@ -47,8 +50,13 @@ pub async fn handle(
             readstates_routing::ring::MAX_NODE_ID_LEN
         )));
     }
+    if start.token.len() > MAX_TOKEN_LEN {
+        return Err(Status::invalid_argument(format!(
+            "start.token: at most {MAX_TOKEN_LEN} bytes"
+        )));
+    }
     let node = start.node;
-    let stream = backups.open(&node);
+    let stream = backups.open(&node, &start.token);
     tracing::info!(%node, "holding a node's unwritten changes as its backup");
     let (answers, responses) = mpsc::channel(16);
     tokio::spawn(async move {

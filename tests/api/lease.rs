@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use readstates::cluster::ring_store::{LeaseRecord, RingStore};
+use readstates::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingStore};
 use readstates::grpc::route::OWNER;
 use readstates::proto::{AckRequest, GetReadStatesRequest};
 use readstates::test_support;
@@ -104,6 +104,7 @@ async fn a_restarted_node_is_ready_only_once_it_has_waited_out_its_earlier_lease
     let earlier = LeaseRecord {
         holder: "an earlier start".to_owned(),
         renewals: 7,
+        backup: NO_BACKUP.to_owned(),
     };
     assert!(ring.swap_lease("a", None, &earlier).await.unwrap());
     let mut config = test_config();

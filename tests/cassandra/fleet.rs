@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::lease::LeaseConfig;
-use readstates::cluster::ring_store::RingStore;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
+use readstates::cluster::ring_store::{NO_BACKUP, RingStore};
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::Store;
@@ -560,13 +560,14 @@ async fn a_lost_node_loses_nothing_and_its_users_are_served_elsewhere_within_sec
     );
 }
 
-/// Issue 37: a change is answered only once the node's backup holds it.
-/// n1's backup is n2 (the next node by id). With n2 frozen (SIGSTOP), an
-/// ack to n1 waits: n2 may hold a complete copy of n1 and take it over,
-/// so n1 answers nothing from its journal alone: the ack is answered once
-/// it is written to the store, or once n3 holds it (n2, frozen past its
-/// lease, is fenced and taken over by its own backup, n3, and the ring
-/// then names n3 as n1's backup).
+/// Issue 37: a change is answered only once the node's backup holds it,
+/// or once the node's lease names no backup. n1's backup is n2 (the next
+/// node by id). With n2 frozen (SIGSTOP), n1 gives it up (its keepalive
+/// goes unanswered), has its lease record name no backup (so n2's copy may
+/// no longer take it over) and answers on its journal alone: the ack waits
+/// for that, not for n2 to be taken over. Then n2, fenced by its lapsed
+/// lease, is taken over by its own backup, n3; the ring names n3 as n1's
+/// backup, and n1's lease comes to name its stream to n3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_waits_for_the_backup_and_a_frozen_backup_is_replaced() {
     let mut fleet = Fleet::start("fleet_frozen_backup").await;
@@ -580,24 +581,19 @@ async fn a_change_waits_for_the_backup_and_a_frozen_backup_is_replaced() {
         .expect("a user of n1");
     let mut client = fleet.server(0).client().await;
     client.ack(ack(user, 1, 10)).await.expect("ack");
+    let named = fleet.ring.lease("n1").await.unwrap().unwrap().backup;
+    assert!(named.starts_with("n2/"), "n1's lease names {named:?}");
     fleet.server(1).freeze();
     let sent = Instant::now();
     let answer = client.ack(ack(user, 1, 11)).await;
     let waited = sent.elapsed();
     assert!(answer.is_ok_and(|a| a.into_inner().applied));
-    // Answered only once it was safe elsewhere: written to the store (the
-    // write delay is 1 s), or held by n3 once n2 was taken over.
-    let store = fleet.store().await;
-    let stored_ack = |stored: readstates::store::StoredUser| {
-        (stored.read_states.iter())
-            .find(|s| s.channel_id == 1)
-            .map(|s| s.last_acked_id)
-    };
-    let written = stored_ack(store.load(user).await.unwrap()) == Some(11);
+    // Answered only once no copy that lacks it could take n1 over.
+    let named = fleet.ring.lease("n1").await.unwrap().unwrap().backup;
     let replaced = fleet.ring.load().await.unwrap().ring.node("n2").is_none();
     assert!(
-        written || replaced,
-        "answered after {waited:?}, neither in the store nor held by a backup that could take over"
+        named == NO_BACKUP || replaced,
+        "answered after {waited:?} with n2 frozen in the ring, n1's lease naming {named:?}"
     );
     let started = Instant::now();
     while fleet.ring.load().await.unwrap().ring.node("n2").is_some() {
@@ -608,16 +604,24 @@ async fn a_change_waits_for_the_backup_and_a_frozen_backup_is_replaced() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     fleet.wait_attached(0, "n1").await;
+    let named = fleet.ring.lease("n1").await.unwrap().unwrap().backup;
+    assert!(named.starts_with("n3/"), "n1's lease names {named:?}");
     println!(
-        "an ack to n1 with its backup frozen answered after {waited:?} (written to the store: \
-         {written}; n2 taken over by then: {replaced}); n2 taken over {:?} after it froze",
+        "an ack to n1 with its backup frozen answered after {waited:?} (n1's lease naming no \
+         backup: {}; n2 taken over by then: {replaced}); n2 taken over {:?} after it froze",
+        !replaced,
         sent.elapsed()
     );
     fleet.server(1).resume();
     for server in fleet.servers.iter_mut().filter_map(Option::take) {
         let _ = tokio::task::block_in_place(|| server.terminate());
     }
-    assert_eq!(stored_ack(store.load(user).await.unwrap()), Some(11));
+    let store = fleet.store().await;
+    let stored = store.load(user).await.unwrap();
+    let stored_ack = (stored.read_states.iter())
+        .find(|s| s.channel_id == 1)
+        .map(|s| s.last_acked_id);
+    assert_eq!(stored_ack, Some(11));
 }
 
 /// A `kill -9` of a node while it hands users over: the receiver, frozen

@@ -35,6 +35,9 @@ struct Nodes {
 #[derive(Debug, Default)]
 struct Held {
     stream: u64,
+    /// The sender's name for the stream: a takeover with this copy needs
+    /// the sender's lease record to name it.
+    token: String,
     /// The batches not reported written, oldest first, with where the
     /// sender's journal ended after each.
     batches: VecDeque<(u64, Vec<u8>)>,
@@ -65,9 +68,10 @@ impl Backups {
         Arc::new(Backups::default())
     }
 
-    /// A stream from `node` opens: it replaces what an earlier one held
-    /// (the sender journals all it has unwritten again). Returns its number.
-    pub fn open(&self, node: &str) -> u64 {
+    /// A stream from `node`, named `token` by it, opens: it replaces what
+    /// an earlier one held (the sender journals all it has unwritten
+    /// again). Returns its number.
+    pub fn open(&self, node: &str, token: &str) -> u64 {
         let mut nodes = self.lock();
         nodes.streams += 1;
         let stream = nodes.streams;
@@ -75,6 +79,7 @@ impl Backups {
             node.to_owned(),
             Held {
                 stream,
+                token: token.to_owned(),
                 ..Held::default()
             },
         );
@@ -159,6 +164,13 @@ impl Backups {
             .collect()
     }
 
+    /// The sender's name for stream `stream` of `node`, while held.
+    pub fn token(&self, node: &str, stream: u64) -> Option<String> {
+        let nodes = self.lock();
+        let held = nodes.by_id.get(node).filter(|h| h.stream == stream)?;
+        Some(held.token.clone())
+    }
+
     /// Takes what stream `stream` of `node` brought, unless a newer stream
     /// replaced it: the node is dead, and this node writes it.
     pub fn take(&self, node: &str, stream: u64) -> Option<Taken> {
@@ -169,30 +181,19 @@ impl Backups {
         let held = nodes.by_id.remove(node)?;
         drop(nodes);
         self.report();
-        let mut collapsing = Collapsing::default();
-        for (_, frames) in &held.batches {
-            let mut at = 0;
-            while at < frames.len() {
-                // Checked when it came: only an entry of a kind this build
-                // does not know fails here.
-                let Some((records, len)) = record::read(&frames[at..]) else {
-                    tracing::error!(
-                        node,
-                        offset = at,
-                        bytes = frames.len() - at,
-                        "a held batch does not decode; what it holds is not written"
-                    );
-                    break;
-                };
-                records.into_iter().for_each(|r| collapsing.add(r));
-                at += len;
-            }
-        }
-        let (users, channels) = collapsing.into_parts();
-        Some(Taken {
-            users: users.into_values().collect(),
-            channels,
-        })
+        Some(decode(node, &held.batches))
+    }
+
+    /// What stream `stream` of `node` brought, decoded, kept held: a broken
+    /// stream's copy is written ahead while its sender's lease is watched
+    /// (a stream that broke takes in nothing more).
+    pub fn copy(&self, node: &str, stream: u64) -> Option<Taken> {
+        let batches = {
+            let nodes = self.lock();
+            let held = nodes.by_id.get(node).filter(|h| h.stream == stream)?;
+            held.batches.clone()
+        };
+        Some(decode(node, &batches))
     }
 
     /// The batches and bytes held for `node`, and whether all it had
@@ -212,6 +213,34 @@ impl Backups {
 
     fn lock(&self) -> MutexGuard<'_, Nodes> {
         self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Batches of journal frames, decoded and collapsed (newest version wins).
+fn decode(node: &str, batches: &VecDeque<(u64, Vec<u8>)>) -> Taken {
+    let mut collapsing = Collapsing::default();
+    for (_, frames) in batches {
+        let mut at = 0;
+        while at < frames.len() {
+            // Checked when it came: only an entry of a kind this build
+            // does not know fails here.
+            let Some((records, len)) = record::read(&frames[at..]) else {
+                tracing::error!(
+                    node,
+                    offset = at,
+                    bytes = frames.len() - at,
+                    "a held batch does not decode; what it holds is not written"
+                );
+                break;
+            };
+            records.into_iter().for_each(|r| collapsing.add(r));
+            at += len;
+        }
+    }
+    let (users, channels) = collapsing.into_parts();
+    Taken {
+        users: users.into_values().collect(),
+        channels,
     }
 }
 

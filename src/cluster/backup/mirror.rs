@@ -6,11 +6,18 @@
 //! backup, then journals everything unwritten again ([`Cache::rejournal`])
 //! so that the backup is complete once it holds up to there. Batches go
 //! through a bounded queue: a backup that falls that far behind, or whose
-//! stream breaks, is dropped, and changes wait until a backup is complete
-//! again (`readstates_backup_attached`): the one dropped may take this
-//! node over with what it holds. Only with no backup possible (a fleet of
-//! one, or a backup that refuses the stream) do changes rest on this
-//! node's journal alone.
+//! stream breaks, is dropped.
+//!
+//! Which copy may take this node over is what its lease record names
+//! ([`BackupName`]; `docs/failover.md`, "Which copy may take over"), and
+//! changes are answered accordingly:
+//! - the record names the open stream: changes wait until its backup holds
+//!   them;
+//! - the record names no backup ([`NO_BACKUP`]): they rest on this node's
+//!   journal alone, as on a single node;
+//! - the record names a stream that is gone: none is answered until it
+//!   names no backup (asked for at once when a stream ends), or a new
+//!   stream, once complete, holds every change answered and is named.
 //!
 //! [`Cache::rejournal`]: crate::cache::Cache::rejournal
 
@@ -27,9 +34,10 @@ use tonic::Code;
 
 use super::{FORMAT, backup_of};
 use crate::cache::Cache;
-use crate::cluster::lease::incarnation;
+use crate::cluster::lease::{BackupName, incarnation};
 use crate::cluster::member::Member;
 use crate::cluster::peers::GrpcPeers;
+use crate::cluster::ring_store::NO_BACKUP;
 use crate::journal::{Journal, Replica, record};
 use crate::metrics::{BACKUP_ATTACHED, BACKUP_DETACHED};
 use crate::proto::fleet_client::FleetClient;
@@ -55,28 +63,56 @@ pub struct Mirror {
     journal: Arc<Journal>,
     /// Where batches go while a stream is open.
     outbox: Mutex<Option<mpsc::Sender<MirrorRequest>>>,
-    /// What the open stream's backup holds.
-    attached: Mutex<Attached>,
+    /// What the open stream's backup holds, and what the lease names.
+    state: Mutex<State>,
+    /// Asks the lease holder to name a stream, or none.
+    name: Arc<BackupName>,
+    /// Numbers this process's streams (their tokens).
+    streams: AtomicU64,
     /// The last trim reported, sent again as a heartbeat.
     trimmed: AtomicU64,
 }
 
+#[derive(Clone, Debug, Default)]
+struct State {
+    /// The open stream, if any.
+    attached: Option<Attached>,
+    /// What the lease record names, as last renewed ("": not known yet).
+    recorded: String,
+    /// No backup can hold a copy (a fleet of one, one that refuses the
+    /// stream, or this node stops): changes rest on the journal alone.
+    unbacked: bool,
+}
+
 /// What the open stream's backup holds.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Attached {
+    /// Its name in the lease record once named.
+    token: String,
     /// It holds everything unwritten once it holds up to here.
     complete_at: u64,
     /// It holds every batch up to here.
     held: u64,
+    /// Once complete and not named, from here on changes wait for it; it
+    /// is named once it holds up to here (everything answered before).
+    naming_from: Option<u64>,
 }
 
 impl Attached {
-    /// Up to where changes may be answered: nothing until it is complete.
+    fn complete(&self) -> bool {
+        self.held >= self.complete_at
+    }
+}
+
+impl State {
+    /// Up to where changes may be answered (0: none from now on).
     fn answerable(&self) -> u64 {
-        if self.held >= self.complete_at {
-            self.held
-        } else {
-            0
+        match &self.attached {
+            Some(a) if a.complete() && (a.token == self.recorded || a.naming_from.is_some()) => {
+                a.held
+            }
+            _ if self.unbacked || self.recorded == NO_BACKUP => u64::MAX,
+            _ => 0,
         }
     }
 }
@@ -84,18 +120,33 @@ impl Attached {
 impl Mirror {
     /// The backup stream of `journal`'s node: the journal copies its
     /// batches to it from now on.
-    pub fn new(journal: Arc<Journal>) -> Arc<Mirror> {
+    /// batches to it from now on. `name` is shared with the lease holder.
+    pub fn new(journal: Arc<Journal>, name: Arc<BackupName>) -> Arc<Mirror> {
         gauge!(BACKUP_ATTACHED).set(0.0);
         let mirror = Arc::new(Mirror {
             journal: journal.clone(),
             outbox: Mutex::new(None),
-            attached: Mutex::new(Attached::default()),
+            state: Mutex::new(State::default()),
+            name,
+            streams: AtomicU64::new(0),
             trimmed: AtomicU64::new(0),
         });
         journal.set_replica(mirror.clone());
-        // Nothing is answered until a backup holds it, or none can.
+        // Nothing is answered until the lease says which copy holds it.
         journal.replicated(0);
         mirror
+    }
+
+    /// Follows what the lease record names, until `stop`.
+    async fn follow_record(&self) {
+        let mut recorded = self.name.recorded();
+        loop {
+            let now = recorded.borrow_and_update().clone();
+            self.recorded(&now);
+            if recorded.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// Streams to this node's backup, as the ring names it, until `stop`.
@@ -105,6 +156,15 @@ impl Mirror {
         peers: Arc<GrpcPeers>,
         stop: CancellationToken,
     ) {
+        tokio::select! {
+            () = self.follow_record() => {}
+            () = self.streams(member, peers, stop) => {}
+        }
+    }
+
+    /// Opens streams to the backup as the ring names it, one after the
+    /// other, until `stop`.
+    async fn streams(&self, member: Member, peers: Arc<GrpcPeers>, stop: CancellationToken) {
         let incarnation = incarnation();
         loop {
             let ring = member.ring();
@@ -134,13 +194,28 @@ impl Mirror {
                         }
                         Err(Ended::Broke(e)) => {
                             counter!(BACKUP_DETACHED, "reason" => "error").increment(1);
-                            tracing::warn!(backup = %backup.id, error = %e, "backup stream ended; changes wait until a backup holds them again (the ring names another once this one is taken over)");
+                            tracing::warn!(backup = %backup.id, error = %e, "backup stream ended; changes rest on this node's journal alone once its lease names no backup, until a stream is open again");
                         }
                     }
                 }
             }
+            // Again after a while, or at once if the ring names another
+            // backup (the one gone was taken over, say).
+            let mut ring_changes = member.ring_changes();
+            ring_changes.mark_unchanged();
+            let named = backup_of(&ring.ring, member.id()).cloned();
+            let renamed = async {
+                while ring_changes.changed().await.is_ok() {
+                    let ring = ring_changes.borrow_and_update().clone();
+                    if backup_of(&ring.ring, member.id()).cloned() != named {
+                        return;
+                    }
+                }
+                std::future::pending().await
+            };
             tokio::select! {
                 () = tokio::time::sleep(RETRY) => {}
+                () = renamed => {}
                 () = stop.cancelled() => {
                     self.unbacked();
                     return;
@@ -152,15 +227,24 @@ impl Mirror {
     /// One stream: `Ok` once the ring names another backup.
     async fn stream(&self, to: Stream<'_>) -> Result<(), Ended> {
         let channel = (to.peers.channel(&to.backup.address)).map_err(Ended::Broke)?;
+        let token = format!(
+            "{}/{}/{}",
+            to.backup.id,
+            to.incarnation,
+            self.streams.fetch_add(1, Ordering::Relaxed)
+        );
         let start = MirrorRequest {
             part: Some(Part::Start(MirrorStart {
                 node: to.member.id().to_owned(),
                 incarnation: to.incarnation.to_owned(),
                 format: FORMAT,
+                token: token.clone(),
             })),
         };
-        let queued = self.attach(to.member.cache()).map_err(Ended::Broke)?;
+        let (outbox, queued) = queue();
         let requests = tokio_stream::once(start).chain(ReceiverStream::new(queued));
+        // Open before anything is journaled again for it: a backup that
+        // cannot be reached costs nothing.
         let mut responses = FleetClient::new(channel)
             .mirror(to.peers.request(requests))
             .await
@@ -174,6 +258,8 @@ impl Mirror {
                 }
             })?
             .into_inner();
+        self.attach(to.member.cache(), &token, outbox)
+            .map_err(Ended::Broke)?;
         tracing::info!(backup = %to.backup.id, "backup stream open");
         let mut check = tokio::time::interval(RING_CHECK);
         loop {
@@ -200,12 +286,16 @@ impl Mirror {
         }
     }
 
-    /// Opens a stream's queue: batches taken from here on go to it; what
-    /// the store lacks from before is journaled again after them, and the
-    /// queue says from where the backup holds it all. Changes wait for it
-    /// from here on.
-    pub(crate) fn attach(&self, cache: &Cache) -> Result<mpsc::Receiver<MirrorRequest>, String> {
-        let (outbox, queued) = mpsc::channel(QUEUE);
+    /// Makes `outbox` (a [`queue`]) the stream named `token`'s: batches
+    /// taken from here on go to it; what the store lacks from before is
+    /// journaled again after them, and the queue says from where the
+    /// backup holds it all.
+    pub(crate) fn attach(
+        &self,
+        cache: &Cache,
+        token: &str,
+        outbox: mpsc::Sender<MirrorRequest>,
+    ) -> Result<(), String> {
         // Read first: batches taken from here on may go to the stream.
         let taken = self.journal.taken();
         *self.outbox() = Some(outbox.clone());
@@ -213,54 +303,88 @@ impl Mirror {
         // With nothing unwritten, the backup is complete from the start,
         // and what the writer took before it was written (no later batch
         // may come to say the backup holds that).
-        let attached = match rejournaled {
-            0 => Attached {
-                complete_at: 0,
-                held: taken,
-            },
-            _ => Attached {
-                complete_at: self.journal.appended(),
-                held: 0,
-            },
+        let (complete_at, held) = match rejournaled {
+            0 => (0, taken),
+            _ => (self.journal.appended(), 0),
         };
         (outbox.try_send(MirrorRequest {
-            part: Some(Part::CompleteAt(attached.complete_at)),
+            part: Some(Part::CompleteAt(complete_at)),
         }))
         .map_err(|e| e.to_string())?;
-        self.update(|held| *held = attached);
-        Ok(queued)
+        self.update(|state| {
+            state.unbacked = false;
+            state.attached = Some(Attached {
+                token: token.to_owned(),
+                complete_at,
+                held,
+                naming_from: None,
+            });
+        });
+        Ok(())
     }
 
     /// The backup holds every batch up to `held`.
     pub(crate) fn acked(&self, held: u64) {
-        self.update(|attached| attached.held = attached.held.max(held));
+        self.update(|state| {
+            if let Some(attached) = &mut state.attached {
+                attached.held = attached.held.max(held);
+            }
+        });
     }
 
-    /// The stream is gone. Changes go on waiting: the backup may hold a
-    /// complete copy and take over should this node die, so answering them
-    /// from the journal alone could lose them. They are answered once a
-    /// new stream is complete (or [`Mirror::unbacked`]).
+    /// The stream is gone. The lease is asked to name no backup: until it
+    /// does, changes wait (the backup may hold a complete copy and take
+    /// this node over should it die, so answering them from the journal
+    /// alone could lose them).
     pub(crate) fn detach(&self) {
         *self.outbox() = None;
-        gauge!(BACKUP_ATTACHED).set(0.0);
+        self.update(|state| state.attached = None);
+    }
+
+    /// The lease record names `recorded` (the holder renewed it).
+    pub(crate) fn recorded(&self, recorded: &str) {
+        self.update(|state| recorded.clone_into(&mut state.recorded));
     }
 
     /// No backup can hold a copy (a fleet of one, or it refuses the
     /// stream), or this node stops: changes rest on the journal alone.
     fn unbacked(&self) {
-        self.journal.replicated(u64::MAX);
-        gauge!(BACKUP_ATTACHED).set(0.0);
+        self.update(|state| {
+            state.attached = None;
+            state.unbacked = true;
+        });
     }
 
-    /// Changes what the backup holds, and tells the journal how far
-    /// changes may be answered.
-    fn update(&self, change: impl FnOnce(&mut Attached)) {
-        let mut attached = self.attached.lock().unwrap_or_else(|p| p.into_inner());
-        change(&mut attached);
+    /// Changes the state, asks the lease for the name it calls for, and
+    /// tells the journal how far changes may be answered.
+    fn update(&self, change: impl FnOnce(&mut State)) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut state);
+        let recorded = state.recorded.clone();
+        let wanted = match &mut state.attached {
+            Some(a) if a.token == recorded => {
+                a.naming_from = None;
+                None
+            }
+            // Complete: from here on changes wait for it, and it is named
+            // once it holds everything answered before (on the journal
+            // alone, or by a stream gone since), all taken by now.
+            Some(a) if a.complete() => {
+                let from = *a.naming_from.get_or_insert_with(|| self.journal.taken());
+                (a.held >= from).then(|| a.token.clone())
+            }
+            // Catching up while the record names no backup: answered alone.
+            Some(_) if recorded == NO_BACKUP => None,
+            Some(_) | None => Some(NO_BACKUP.to_owned()),
+        };
+        if let Some(wanted) = wanted {
+            self.name.want(&wanted);
+        }
         // Under the lock: a later ack never tells the journal before this.
-        self.journal.replicated(attached.answerable());
-        let complete = attached.held >= attached.complete_at;
-        gauge!(BACKUP_ATTACHED).set(if complete { 1.0 } else { 0.0 });
+        self.journal.replicated(state.answerable());
+        let attached = state.attached.as_ref();
+        let named = attached.is_some_and(|a| a.complete() && a.token == recorded);
+        gauge!(BACKUP_ATTACHED).set(if named { 1.0 } else { 0.0 });
     }
 
     fn outbox(&self) -> MutexGuard<'_, Option<mpsc::Sender<MirrorRequest>>> {
@@ -278,6 +402,11 @@ impl Mirror {
             *outbox = None;
         }
     }
+}
+
+/// A stream's queue of messages (see [`QUEUE`]).
+pub(crate) fn queue() -> (mpsc::Sender<MirrorRequest>, mpsc::Receiver<MirrorRequest>) {
+    mpsc::channel(QUEUE)
 }
 
 /// Why a stream ended.

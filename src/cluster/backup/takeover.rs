@@ -28,7 +28,7 @@ use super::held::{Backups, Taken};
 use crate::cluster::admin;
 use crate::cluster::lease::{self, LeaseConfig, Seen};
 use crate::cluster::member::Member;
-use crate::cluster::ring_store::{LeaseRecord, RingStore};
+use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
 use crate::metrics::TAKEOVERS;
 use crate::store::Store;
 
@@ -36,6 +36,8 @@ use crate::store::Store;
 const POLL: Duration = Duration::from_millis(200);
 /// Writes of a dead node's users at once.
 const WRITES: usize = 32;
+/// How long the nodes are given to read the takeover's epoch when told.
+const ANNOUNCE: Duration = Duration::from_secs(5);
 /// How long a failed write rests before it is tried again.
 const RETRY: Duration = Duration::from_millis(200);
 
@@ -79,40 +81,50 @@ impl Takeover {
     }
 
     /// Watches `node`, whose stream `stream` broke, until it streams again
-    /// (it lives) or its lease lapses (taken over).
+    /// (it lives) or its lease lapses (taken over). Meanwhile writes what
+    /// the stream brought: the node may well be dead, and the writes lose
+    /// to any newer version in the store should it not be.
     async fn watch(&self, node: &str, stream: u64) {
         let started = Instant::now();
-        let me = self.member.id();
-        let seen = loop {
-            let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
-            if !still_broken() {
-                return;
-            }
-            // Only the node's backup as the ring now names it (a copy left
-            // from before a ring change may be older than that backup's),
-            // and only while this node holds its own lease.
-            let ring = self.member.ring();
-            if backup_of(&ring.ring, node).is_none_or(|b| b.id != me) {
-                return;
-            }
-            if !self.member.ownership().leased() {
-                tokio::time::sleep(POLL).await;
-                continue;
-            }
-            match lease::watch(&*self.ring_store, node, self.lease).await {
-                Ok(Seen::Lapsed(seen)) if still_broken() => break seen,
-                Ok(Seen::Lapsed(_) | Seen::Live) => continue,
-                // Released or revoked: not this node's to take over.
-                Ok(Seen::Free(_)) => return,
-                Err(e) => tracing::warn!(node, error = %e, "cannot read a lease"),
-            }
-            tokio::time::sleep(POLL).await;
+        let (Some(copy), Some(token)) = (
+            self.backups.copy(node, stream),
+            self.backups.token(node, stream),
+        ) else {
+            return;
         };
+        let mut writing = std::pin::pin!(self.write(copy));
+        let mut written_ahead = false;
+        let mut lapsed = std::pin::pin!(self.lapsed(node, stream));
+        let seen = loop {
+            tokio::select! {
+                seen = &mut lapsed => break seen,
+                () = &mut writing, if !written_ahead => written_ahead = true,
+            }
+        };
+        let Some(seen) = seen else {
+            return;
+        };
+        // Only the copy the record names holds every change the node
+        // answered: it names another stream, or none (it answered on its
+        // journal alone since). Empty: a sender before names were recorded.
+        if !seen.backup.is_empty() && seen.backup != token {
+            self.backups.ended(node, stream);
+            counter!(TAKEOVERS, "result" => "not_named").increment(1);
+            tracing::error!(
+                node,
+                named = %seen.backup,
+                "a node this one backed up is dead, but its lease names no copy this node holds: \
+                 what it had unwritten is on its own disk; restart it in place (or `readstates ring \
+                 release --force` it, losing that)"
+            );
+            return;
+        }
         // Taken, not emptied: a new incarnation of the node waits until
         // the takeover is done (it then finds itself out of the ring).
         let mut held = LeaseRecord {
-            holder: format!("takeover by {me}"),
+            holder: format!("takeover by {}", self.member.id()),
             renewals: seen.renewals + 1,
+            backup: seen.backup.clone(),
         };
         match self.ring_store.swap_lease(node, Some(&seen), &held).await {
             Ok(true) => {}
@@ -130,14 +142,15 @@ impl Takeover {
             node,
             users,
             channels,
+            written_ahead,
             "a node this one backs up is dead (its lease lapsed): writing what it had unwritten, then taking it out of the ring"
         );
         let renewing = async {
             loop {
                 tokio::time::sleep(self.lease.renew_every()).await;
                 let next = LeaseRecord {
-                    holder: held.holder.clone(),
                     renewals: held.renewals + 1,
+                    ..held.clone()
                 };
                 if let Ok(true) = self.ring_store.swap_lease(node, Some(&held), &next).await {
                     held = next;
@@ -145,7 +158,11 @@ impl Takeover {
             }
         };
         let taking = async {
-            self.write(taken).await;
+            // The copy is what was written ahead: the stream broke, so it
+            // took in nothing since.
+            if !written_ahead {
+                writing.await;
+            }
             let written = started.elapsed();
             let peers = &**self.member.peers();
             let taken = admin::take_over(&*self.ring_store, peers, self.member.id(), node).await;
@@ -157,6 +174,7 @@ impl Takeover {
         };
         match result {
             Ok(record) => {
+                self.announce(&record);
                 counter!(TAKEOVERS, "result" => "done").increment(1);
                 tracing::warn!(
                     node,
@@ -175,8 +193,66 @@ impl Takeover {
         let free = LeaseRecord {
             holder: String::new(),
             renewals: held.renewals + 1,
+            backup: NO_BACKUP.to_owned(),
         };
         let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
+    }
+
+    /// Tells every node of `record`'s ring to read it now, not at its next
+    /// poll, so that the dead node's slots are served a poll sooner: a
+    /// `ReleaseSlots` of no slot from a newer epoch is such a poke.
+    fn announce(&self, record: &RingRecord) {
+        let epoch = record.ring.epoch();
+        for node in record.ring.nodes() {
+            let (member, node) = (self.member.clone(), node.clone());
+            tokio::spawn(async move {
+                let poked = async {
+                    if node.id == member.id() {
+                        member.release_slots(epoch, &[]).await.is_ok()
+                    } else {
+                        let peers = member.peers();
+                        (peers.release_slots(&node.address, epoch, &[], member.id()))
+                            .await
+                            .is_ok()
+                    }
+                };
+                if !matches!(tokio::time::timeout(ANNOUNCE, poked).await, Ok(true)) {
+                    tracing::debug!(node = %node.id, epoch, "not told of the takeover's epoch; it reads it at its next poll");
+                }
+            });
+        }
+    }
+
+    /// Watches `node`'s lease until it lapses (the record as seen then), or
+    /// until the node streams again or is no longer this node's to take
+    /// over (`None`).
+    async fn lapsed(&self, node: &str, stream: u64) -> Option<LeaseRecord> {
+        let me = self.member.id();
+        loop {
+            let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
+            if !still_broken() {
+                return None;
+            }
+            // Only the node's backup as the ring now names it (a copy left
+            // from before a ring change may be older than that backup's),
+            // and only while this node holds its own lease.
+            let ring = self.member.ring();
+            if backup_of(&ring.ring, node).is_none_or(|b| b.id != me) {
+                return None;
+            }
+            if !self.member.ownership().leased() {
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            match lease::watch(&*self.ring_store, node, self.lease).await {
+                Ok(Seen::Lapsed(seen)) if still_broken() => return Some(seen),
+                Ok(Seen::Lapsed(_) | Seen::Live) => continue,
+                // Released or revoked: not this node's to take over.
+                Ok(Seen::Free(_)) => return None,
+                Err(e) => tracing::warn!(node, error = %e, "cannot read a lease"),
+            }
+            tokio::time::sleep(POLL).await;
+        }
     }
 
     /// Writes every user and channel of `taken`, retrying each until the
@@ -199,3 +275,6 @@ impl Takeover {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

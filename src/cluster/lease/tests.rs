@@ -32,6 +32,7 @@ struct Start {
     member: Member,
     stop: CancellationToken,
     holder: JoinHandle<()>,
+    backup: Arc<BackupName>,
 }
 
 impl Start {
@@ -51,12 +52,14 @@ impl Start {
             MemberConfig::default(),
         );
         let stop = CancellationToken::new();
-        let holder = Holder::new(store.clone(), member.clone(), CONFIG);
+        let backup = BackupName::new();
+        let holder = Holder::new(store.clone(), member.clone(), CONFIG, backup.clone());
         let holder = tokio::spawn(holder.run(stop.clone()));
         Start {
             member,
             stop,
             holder,
+            backup,
         }
     }
 
@@ -251,4 +254,40 @@ async fn a_revoked_holder_that_cannot_read_the_ring_takes_no_new_lease() {
     assert!(!record.held(), "taken again without the ring: {record:?}");
     store.fail_loads(false);
     start.until_serving(true).await;
+}
+
+/// The backup stream asks for a name (a copy that may take the node over,
+/// or none): it is recorded by a renewal made at once, not at the next
+/// quarter of the lease, and the holder says so only once it applied.
+#[tokio::test(start_paused = true)]
+async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
+    let store = Arc::new(MemoryRingStore::default());
+    let a = Start::new(&store);
+    let mut recorded = a.backup.recorded();
+    recorded
+        .wait_for(|r| r == NO_BACKUP)
+        .await
+        .expect("the lease taken names no backup");
+    assert_eq!(store.lease(NODE).await.unwrap().unwrap().backup, NO_BACKUP);
+    // Just after a renewal: the next one is due a quarter lease later.
+    tokio::time::sleep(CONFIG.renew_every() / 10).await;
+    let asked = Instant::now();
+    a.backup.want("b/stream-1");
+    recorded.wait_for(|r| r == "b/stream-1").await.unwrap();
+    assert!(
+        asked.elapsed() < CONFIG.renew_every() / 2,
+        "recorded {:?} after it was asked for",
+        asked.elapsed()
+    );
+    let record = store.lease(NODE).await.unwrap().unwrap();
+    assert_eq!(record.backup, "b/stream-1");
+    // Cut off from the store: what is asked is not said to be recorded.
+    store.cut_off(NODE, true);
+    a.backup.want(NO_BACKUP);
+    tokio::time::sleep(CONFIG.duration * 2).await;
+    assert_eq!(*recorded.borrow(), "b/stream-1");
+    store.cut_off(NODE, false);
+    recorded.wait_for(|r| r == NO_BACKUP).await.unwrap();
+    a.stop.cancel();
+    a.holder.await.unwrap();
 }

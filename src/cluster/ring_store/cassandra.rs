@@ -118,7 +118,7 @@ impl CassandraRingStore {
         .await?;
         set_drained.set_is_idempotent(true);
         let mut lease = prepare(
-            format!("SELECT holder, renewals FROM {keyspace}.ring_leases WHERE node = ?"),
+            format!("SELECT holder, renewals, backup FROM {keyspace}.ring_leases WHERE node = ?"),
             false,
         )
         .await?;
@@ -126,16 +126,16 @@ impl CassandraRingStore {
         lease.set_is_idempotent(true);
         let create_lease = prepare(
             format!(
-                "INSERT INTO {keyspace}.ring_leases (node, holder, renewals) VALUES (?, ?, ?) \
-                 IF NOT EXISTS"
+                "INSERT INTO {keyspace}.ring_leases (node, holder, renewals, backup) \
+                 VALUES (?, ?, ?, ?) IF NOT EXISTS"
             ),
             true,
         )
         .await?;
         let swap_lease = prepare(
             format!(
-                "UPDATE {keyspace}.ring_leases SET holder = ?, renewals = ? WHERE node = ? \
-                 IF holder = ? AND renewals = ?"
+                "UPDATE {keyspace}.ring_leases SET holder = ?, renewals = ?, backup = ? \
+                 WHERE node = ? IF holder = ? AND renewals = ?"
             ),
             true,
         )
@@ -296,10 +296,12 @@ impl RingStore for CassandraRingStore {
             .await
             .map_err(error)?;
         let rows = result.into_rows_result().map_err(error)?;
-        let row: Option<(Option<String>, Option<i64>)> = rows.maybe_first_row().map_err(error)?;
-        Ok(row.map(|(holder, renewals)| LeaseRecord {
+        let row: Option<(Option<String>, Option<i64>, Option<String>)> =
+            rows.maybe_first_row().map_err(error)?;
+        Ok(row.map(|(holder, renewals, backup)| LeaseRecord {
             holder: holder.unwrap_or_default(),
             renewals: renewals.unwrap_or(0) as u64,
+            backup: backup.unwrap_or_default(),
         }))
     }
 
@@ -312,13 +314,14 @@ impl RingStore for CassandraRingStore {
         let renewals = next.renewals as i64;
         match seen {
             None => {
-                self.transact(&self.create_lease, (node, &next.holder, renewals))
-                    .await
+                let values = (node, &next.holder, renewals, &next.backup);
+                self.transact(&self.create_lease, values).await
             }
             Some(seen) => {
                 let values = (
                     &next.holder,
                     renewals,
+                    &next.backup,
                     node,
                     &seen.holder,
                     seen.renewals as i64,

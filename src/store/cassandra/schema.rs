@@ -16,7 +16,7 @@ use crate::store::StoreError;
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 10] = [
+const MIGRATIONS: [(&str, &str); 11] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -53,6 +53,10 @@ const MIGRATIONS: [(&str, &str); 10] = [
     (
         "010_leases.cql",
         include_str!("../../../schema/010_leases.cql"),
+    ),
+    (
+        "011_lease_backup.cql",
+        include_str!("../../../schema/011_lease_backup.cql"),
     ),
 ];
 

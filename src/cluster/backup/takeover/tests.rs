@@ -1,0 +1,124 @@
+//! Which copy may take a dead node over: only the one its lease record
+//! names. A copy left from a stream the node gave up (it then answered on
+//! its journal alone, or to another stream) lacks what it answered since.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use readstates_routing::Node;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::cache::{Cache, CacheConfig};
+use crate::cluster::admin::RingChange;
+use crate::cluster::credential::FleetCredential;
+use crate::cluster::member::MemberConfig;
+use crate::cluster::peers::GrpcPeers;
+use crate::cluster::ring_store::memory::MemoryRingStore;
+use crate::ownership::Ownership;
+use crate::store::memory::MemoryStore;
+
+const LEASE: LeaseConfig = LeaseConfig {
+    duration: Duration::from_secs(3),
+    margin: Duration::from_secs(1),
+};
+
+/// x's lease as it last renewed it, naming `backup`.
+fn lease_of_x(renewals: u64, backup: &str) -> LeaseRecord {
+    LeaseRecord {
+        holder: "x's incarnation".to_owned(),
+        renewals,
+        backup: backup.to_owned(),
+    }
+}
+
+/// A copy of x, complete, whose stream (named `token`) broke.
+fn broken_copy(backups: &Backups, token: &str) -> u64 {
+    let stream = backups.open("x", token);
+    backups.complete_at("x", stream, 0);
+    backups.broke("x", stream);
+    stream
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
+    let ring_store = Arc::new(MemoryRingStore::default());
+    for (epoch, id) in [(1, "b"), (2, "x")] {
+        let node = Node {
+            id: id.to_owned(),
+            address: format!("127.0.0.1:{}", 1 + epoch),
+            weight: 100,
+        };
+        admin::change(&*ring_store, RingChange::Add(node))
+            .await
+            .unwrap();
+        for id in ["b", "x"] {
+            ring_store.report(id, epoch).await.unwrap();
+        }
+    }
+    let store = Arc::new(MemoryStore::new());
+    let cache = Cache::with_ownership(
+        CacheConfig::default(),
+        store.clone(),
+        Arc::new(Ownership::member()),
+    );
+    let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+    let member = Member::new(
+        "b".to_owned(),
+        ring_store.clone(),
+        cache,
+        Arc::new(peers),
+        MemberConfig::default(),
+    );
+    let stop = CancellationToken::new();
+    let _follower = member.start(stop.clone());
+    // b holds its own lease (it takes over only then).
+    member.ownership().lease(None);
+    member.catch_up(2, Duration::from_secs(5)).await;
+    assert_eq!(backup_of(&member.ring().ring, "x").unwrap().id, "b");
+    let backups = Backups::new();
+    let takeover = Takeover {
+        member,
+        backups: backups.clone(),
+        ring_store: ring_store.clone(),
+        store,
+        lease: LEASE,
+    };
+    let running = tokio::spawn(takeover.run(stop.clone()));
+
+    // x gave up this stream and answered on its journal alone since.
+    assert!(
+        (ring_store.swap_lease("x", None, &lease_of_x(1, NO_BACKUP)))
+            .await
+            .unwrap()
+    );
+    broken_copy(&backups, "b/x1/0");
+    tokio::time::sleep(LEASE.lapse() * 3).await;
+    assert_eq!(
+        ring_store.lease("x").await.unwrap(),
+        Some(lease_of_x(1, NO_BACKUP)),
+        "taken over with a copy the lease does not name"
+    );
+    assert!(backups.held_for("x").is_none(), "the useless copy is kept");
+    assert!(ring_store.load().await.unwrap().ring.node("x").is_some());
+
+    // The copy the lease names takes it over.
+    let named = lease_of_x(2, "b/x1/1");
+    let seen = Some(lease_of_x(1, NO_BACKUP));
+    assert!(
+        (ring_store.swap_lease("x", seen.as_ref(), &named))
+            .await
+            .unwrap()
+    );
+    broken_copy(&backups, "b/x1/1");
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while ring_store.load().await.unwrap().ring.node("x").is_some() {
+        assert!(Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Taken (then freed once done), not renewed by x.
+    let lease = ring_store.lease("x").await.unwrap().unwrap();
+    assert!(lease.renewals > named.renewals && lease.holder.is_empty());
+    stop.cancel();
+    running.await.unwrap();
+}
