@@ -8,7 +8,9 @@
 //! away), and one a node going away refused unprocessed (GOAWAY), is
 //! retried after a short backoff, the table read again, until the
 //! retry budget ([`FleetClient::with_retry_budget`]) runs out. Neither was
-//! applied.
+//! applied. So is a request whose connection broke before its answer (a
+//! node killed): it may have been applied, and applied again it counts
+//! nothing twice.
 //!
 //! Channels are plaintext unless made by the caller
 //! ([`FleetClient::connect_with`]: TLS, say).
@@ -38,8 +40,8 @@ use crate::proto::read_states_client::ReadStatesClient;
 use crate::proto::{GetRoutingTableRequest, GetRoutingTableResponse};
 use crate::ring::{NO_OWNER, Node, Ring};
 pub use crate::status::{
-    ALL_ANSWERED, EPOCH, FORWARDED, OWNER, SAFE_TO_RETRY, is_cut, not_applied, refused_by_goaway,
-    safe_to_retry,
+    ALL_ANSWERED, EPOCH, FORWARDED, OWNER, SAFE_TO_RETRY, cut_in_flight, is_cut, not_applied,
+    refused_by_goaway, safe_to_retry,
 };
 
 /// How long a call retries "not applied" answers by default: longer than a

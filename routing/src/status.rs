@@ -24,13 +24,39 @@ pub const SAFE_TO_RETRY: &str = "x-readstates-safe-to-retry";
 
 /// Whether `status` says its request may be sent again: UNAVAILABLE from a
 /// node (not applied), an error a node marked [`SAFE_TO_RETRY`], a request
-/// the transport cut (see [`is_cut`]), or one a node refused unprocessed
-/// (see [`refused_by_goaway`]).
+/// the transport cut before sending it (see [`is_cut`]) or after (see
+/// [`cut_in_flight`]), or one a node refused unprocessed (see
+/// [`refused_by_goaway`]).
 pub fn not_applied(status: &Status) -> bool {
     status.code() == Code::Unavailable
         || status.metadata().contains_key(SAFE_TO_RETRY)
         || is_cut(status)
         || refused_by_goaway(status)
+        || cut_in_flight(status)
+}
+
+/// A request whose connection broke before its answer (the node was
+/// killed, its machine lost: a reset, or a close mid-stream), made by this
+/// client's transport, never a status a node sent (which would carry its
+/// headers). It may or may not have been applied; every change applied
+/// again counts nothing twice (`docs/api.md`, "Retries and idempotence"),
+/// so it is sent again. tonic reports it as UNKNOWN ("transport error") or
+/// INTERNAL ("h2 protocol error").
+pub fn cut_in_flight(status: &Status) -> bool {
+    if !status.metadata().is_empty() {
+        return false;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        if error.is::<tonic::transport::Error>()
+            || error.is::<h2::Error>()
+            || error.is::<std::io::Error>()
+        {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// `status`, marked [`SAFE_TO_RETRY`].

@@ -997,6 +997,73 @@ async fn a_request_refused_by_goaway_counts_as_not_applied() {
     refusing.abort();
 }
 
+/// A stand-in for a node killed mid-request: it takes the connection and
+/// its SETTINGS, then, once a request's HEADERS arrive, drops the socket
+/// (with `reset`, as a reset: SO_LINGER 0, as the kernel does for a killed
+/// process with data unread).
+async fn cutting_node(reset: bool) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let cutting = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut preface = [0u8; 24];
+                socket.read_exact(&mut preface).await?;
+                socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+                loop {
+                    let mut header = [0u8; 9];
+                    socket.read_exact(&mut header).await?;
+                    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
+                    let mut payload = vec![0u8; length as usize];
+                    socket.read_exact(&mut payload).await?;
+                    match header[3] {
+                        4 if header[4] & 1 == 0 => {
+                            socket.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await?
+                        }
+                        // HEADERS: gone, as a killed node.
+                        1 => {
+                            if reset {
+                                socket.set_zero_linger()?;
+                            }
+                            return Ok::<(), std::io::Error>(());
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (addr, cutting)
+}
+
+/// Issue 37: a request whose connection a killed node cut (a reset, or a
+/// close) may or may not have been applied; a change applied again counts
+/// nothing twice, so the routing client sends it again (before, it
+/// returned UNKNOWN "transport error" at once: 4,798 errors in the kill -9
+/// scenario of `loadtest/cluster.sh`). A node's own UNKNOWN is not taken
+/// for one.
+#[tokio::test]
+async fn a_request_cut_in_flight_by_a_killed_node_is_sent_again() {
+    for reset in [true, false] {
+        let (addr, cutting) = cutting_node(reset).await;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ReadStatesClient::new(channel);
+        let cut = client.ack(ack(1, 5)).await.unwrap_err();
+        assert!(
+            readstates_routing::client::not_applied(&cut),
+            "reset {reset}: {cut:?}"
+        );
+        cutting.abort();
+    }
+    let unknown = Status::unknown("transport error");
+    assert!(!readstates_routing::client::not_applied(&unknown));
+}
+
 /// The health service's word on `ReadStates` at `app`.
 pub async fn health_of(app: &TestApp) -> ServingStatus {
     let request = HealthCheckRequest {
