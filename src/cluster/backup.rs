@@ -14,6 +14,7 @@
 
 pub mod held;
 pub mod mirror;
+pub mod sightings;
 pub mod takeover;
 
 use readstates_routing::{Node, Ring};

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
+use readstates::cluster::backup::backup_of;
 use readstates::cluster::lease::LeaseConfig;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
 use readstates::cluster::ring_store::{NO_BACKUP, RingStore};
@@ -100,12 +101,19 @@ impl Fleet {
     /// it has unwritten.
     async fn wait_attached(&self, index: usize, id: &str) {
         let started = Instant::now();
-        while self
-            .server(index)
-            .metric("readstates_backup_attached")
-            .await
-            < 1.0
-        {
+        // Its lease names a complete stream to its backup as the ring names
+        // it now (the gauge alone may still speak of the one before).
+        loop {
+            let ring = self.ring.load().await.unwrap().ring;
+            let backup = backup_of(&ring, id).map(|b| format!("{}/", b.id));
+            let named = self.ring.lease(id).await.unwrap().map(|l| l.backup);
+            let attached = self
+                .server(index)
+                .metric("readstates_backup_attached")
+                .await;
+            if attached >= 1.0 && backup.zip(named).is_some_and(|(b, n)| n.starts_with(&b)) {
+                return;
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(30),
                 "{id}'s backup not attached; its log:\n{}",

@@ -164,6 +164,11 @@ impl Backups {
             .collect()
     }
 
+    /// The nodes held for.
+    pub fn nodes(&self) -> Vec<String> {
+        self.lock().by_id.keys().cloned().collect()
+    }
+
     /// The sender's name for stream `stream` of `node`, while held.
     pub fn token(&self, node: &str, stream: u64) -> Option<String> {
         let nodes = self.lock();

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +50,9 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How often the stream looks whether the ring names another backup, and
 /// tells the backup it lives (see `grpc::mirror::SILENCE`).
 const RING_CHECK: Duration = Duration::from_millis(500);
+/// How long a backup may leave batches unanswered before it is given up
+/// (taken for frozen): changes wait for it meanwhile.
+const UNANSWERED: Duration = Duration::from_secs(1);
 /// Messages queued for the backup: a batch is a group commit's worth, so
 /// this is a second or more of load; a backup further behind is dropped.
 const QUEUE: usize = 4096;
@@ -262,10 +266,15 @@ impl Mirror {
             .map_err(Ended::Broke)?;
         tracing::info!(backup = %to.backup.id, "backup stream open");
         let mut check = tokio::time::interval(RING_CHECK);
+        // Since when batches sent have gone unanswered.
+        let mut unanswered: Option<Instant> = None;
         loop {
             tokio::select! {
                 response = responses.next() => match response {
-                    Some(Ok(response)) => self.acked(response.held),
+                    Some(Ok(response)) => {
+                        unanswered = None;
+                        self.acked(response.held);
+                    }
                     Some(Err(status)) => {
                         return Err(Ended::Broke(format!("{}: {}", status.code(), status.message())));
                     }
@@ -279,6 +288,16 @@ impl Mirror {
                     }
                     if self.outbox().is_none() {
                         return Err(Ended::Broke("the backup fell behind".into()));
+                    }
+                    // A frozen backup is given up sooner than the
+                    // connection's keepalive would: changes wait meanwhile.
+                    if self.held() < self.journal.taken() {
+                        let since = *unanswered.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= UNANSWERED {
+                            return Err(Ended::Broke(format!("the backup answered nothing for {UNANSWERED:?}")));
+                        }
+                    } else {
+                        unanswered = None;
                     }
                     self.send(Part::Trimmed(self.trimmed.load(Ordering::Acquire)));
                 }
@@ -321,6 +340,12 @@ impl Mirror {
             });
         });
         Ok(())
+    }
+
+    /// Up to where the open stream's backup holds the batches.
+    fn held(&self) -> u64 {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.attached.as_ref().map_or(0, |a| a.held)
     }
 
     /// The backup holds every batch up to `held`.

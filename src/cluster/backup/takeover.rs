@@ -1,18 +1,21 @@
 //! A dead node's users served elsewhere, with nothing acknowledged lost and
 //! no operator: its backup takes over.
 //!
-//! When a backup's stream from a node breaks after the backup held all the
-//! node had unwritten ([`Backups::broken`]), the backup watches the node's
-//! lease. Renewed: the node lives (it will stream again). Lapsed for the
-//! lease plus its margin: the backup takes it (by compare-and-set, and
-//! renews it until done), so the node, should it wake, serves nothing, and
-//! a new incarnation of it waits ([`crate::cluster::lease`]); writes what
-//! it holds to the store (newest version wins there, so nothing of it can
-//! undo a later change); then makes the epoch that gives the node's slots
-//! to the others, released at once ([`admin::take_over`]), and frees the
-//! lease. They load the users from the store, which now holds every change
-//! the node answered: a node whose backup stream broke answers nothing
-//! more until a backup holds it again ([`super::mirror`]).
+//! The backup reads the leases of the nodes it holds copies for all along
+//! ([`Sightings`]). When a stream from a node breaks after the backup held
+//! all the node had unwritten ([`Backups::broken`]), the backup writes that
+//! copy to the store ahead (newest version wins there, so nothing of it can
+//! undo a later change, should the node live) and watches the lease.
+//! Renewed: the node lives (it will stream again). Lapsed for the lease
+//! plus its margin, and naming this copy (a node that gave the stream up
+//! has its lease name no backup, or another stream, before it answers
+//! anything that copy lacks: [`super::mirror`]): the backup takes the
+//! lease (by compare-and-set, and renews it until done), so the node,
+//! should it wake, serves nothing, and a new incarnation of it waits
+//! ([`crate::cluster::lease`]); then makes the epoch that gives the node's
+//! slots to the others, released at once ([`admin::take_over`]), tells
+//! them so, and frees the lease. They load the users from the store, which
+//! now holds every change the node answered.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,8 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::backup_of;
 use super::held::{Backups, Taken};
+use super::sightings::Sightings;
 use crate::cluster::admin;
-use crate::cluster::lease::{self, LeaseConfig, Seen};
+use crate::cluster::lease::LeaseConfig;
 use crate::cluster::member::Member;
 use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
 use crate::metrics::TAKEOVERS;
@@ -55,15 +59,24 @@ pub struct Takeover {
 impl Takeover {
     /// Watches the nodes this node backs up until `stop`.
     pub async fn run(self, stop: CancellationToken) {
+        let sightings = Arc::new(Sightings::default());
+        let tracking = tokio::spawn({
+            let (sightings, takeover, stop) = (sightings.clone(), self.clone(), stop.clone());
+            async move {
+                let (backups, store) = (&takeover.backups, &*takeover.ring_store);
+                sightings.track(backups, store, takeover.lease, stop).await;
+            }
+        });
         let mut watching: HashSet<(String, u64)> = HashSet::new();
         let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
         loop {
             for broken in self.backups.broken() {
                 if watching.insert(broken.clone()) {
                     let (takeover, done, stop) = (self.clone(), done.clone(), stop.clone());
+                    let sightings = sightings.clone();
                     tokio::spawn(async move {
                         tokio::select! {
-                            () = takeover.watch(&broken.0, broken.1) => {}
+                            () = takeover.watch(&broken.0, broken.1, &sightings) => {}
                             () = stop.cancelled() => {}
                         }
                         let _ = done.send(broken);
@@ -75,7 +88,10 @@ impl Takeover {
                 Some(ended) = finished.recv() => {
                     watching.remove(&ended);
                 }
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => {
+                    let _ = tracking.await;
+                    return;
+                }
             }
         }
     }
@@ -84,7 +100,7 @@ impl Takeover {
     /// (it lives) or its lease lapses (taken over). Meanwhile writes what
     /// the stream brought: the node may well be dead, and the writes lose
     /// to any newer version in the store should it not be.
-    async fn watch(&self, node: &str, stream: u64) {
+    async fn watch(&self, node: &str, stream: u64, sightings: &Sightings) {
         let started = Instant::now();
         let (Some(copy), Some(token)) = (
             self.backups.copy(node, stream),
@@ -94,7 +110,7 @@ impl Takeover {
         };
         let mut writing = std::pin::pin!(self.write(copy));
         let mut written_ahead = false;
-        let mut lapsed = std::pin::pin!(self.lapsed(node, stream));
+        let mut lapsed = std::pin::pin!(self.lapsed(node, stream, sightings));
         let seen = loop {
             tokio::select! {
                 seen = &mut lapsed => break seen,
@@ -226,7 +242,7 @@ impl Takeover {
     /// Watches `node`'s lease until it lapses (the record as seen then), or
     /// until the node streams again or is no longer this node's to take
     /// over (`None`).
-    async fn lapsed(&self, node: &str, stream: u64) -> Option<LeaseRecord> {
+    async fn lapsed(&self, node: &str, stream: u64, sightings: &Sightings) -> Option<LeaseRecord> {
         let me = self.member.id();
         loop {
             let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
@@ -244,14 +260,13 @@ impl Takeover {
                 tokio::time::sleep(POLL).await;
                 continue;
             }
-            match lease::watch(&*self.ring_store, node, self.lease).await {
-                Ok(Seen::Lapsed(seen)) if still_broken() => return Some(seen),
-                Ok(Seen::Lapsed(_) | Seen::Live) => continue,
+            match sightings.lapsed(node, self.lease) {
+                Some(Some(seen)) if still_broken() => return Some(seen),
                 // Released or revoked: not this node's to take over.
-                Ok(Seen::Free(_)) => return None,
-                Err(e) => tracing::warn!(node, error = %e, "cannot read a lease"),
+                Some(None) => return None,
+                _ => {}
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(self.lease.watch_every()).await;
         }
     }
 

@@ -24,7 +24,13 @@ impl Member {
         let epoch = record.ring.epoch();
         let started = tokio::time::Instant::now();
         let mut attempts = 0u32;
+        // Counted released when the epoch was made (a takeover of a dead
+        // node): not asked, as it may be frozen and answer nothing.
+        let forced = record.released.contains(&from.id);
         loop {
+            if forced {
+                break;
+            }
             let asked = self
                 .inner
                 .peers

@@ -153,7 +153,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 12);
+        assert_eq!(all.len(), 13);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
@@ -167,6 +167,9 @@ mod tests {
         );
         assert!(all[8].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.channel_states ("));
         assert!(all[11].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_leases ("));
+        assert!(
+            all[12].starts_with("ALTER TABLE ${keyspace}.ring_leases ADD IF NOT EXISTS backup")
+        );
         assert!(all.iter().all(|s| !s.contains("--")));
     }
 
