@@ -49,6 +49,9 @@ pub use crate::status::{
 pub const RETRY_BUDGET: Duration = Duration::from_secs(10);
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MAX_BACKOFF: Duration = Duration::from_millis(250);
+/// Retries read the table at most this often (see
+/// [`FleetClient::refresh_for_retry`]).
+const REFRESH_EVERY: Duration = Duration::from_millis(50);
 
 #[derive(Clone, Debug)]
 pub struct FleetClient {
@@ -67,6 +70,9 @@ struct Inner {
     /// Apply streams by address (the entry node's under "").
     streams: Mutex<HashMap<String, Applier>>,
     connect: Connect,
+    /// When a retry last read the table: retries share reads (see
+    /// [`FleetClient::refresh_for_retry`]).
+    refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Makes the channel to a node at `host:port`, as the caller wants it
@@ -117,6 +123,7 @@ impl FleetClient {
                 channels: Mutex::default(),
                 streams: Mutex::default(),
                 connect,
+                refreshed: tokio::sync::Mutex::new(None),
             }),
             retry_budget: RETRY_BUDGET,
         };
@@ -149,6 +156,19 @@ impl FleetClient {
             *current = ring;
         }
         Ok(epoch)
+    }
+
+    /// Reads the table again for a retry, unless one was read less than
+    /// [`REFRESH_EVERY`] ago: while a node is down, thousands of requests
+    /// retry at once, and each reading the whole table was a storm on the
+    /// entry node. Concurrent callers wait for the read under way.
+    async fn refresh_for_retry(&self) {
+        let mut refreshed = self.inner.refreshed.lock().await;
+        if refreshed.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
+            return;
+        }
+        let _ = self.refresh().await;
+        *refreshed = Some(tokio::time::Instant::now());
     }
 
     /// The table as last read.
@@ -257,16 +277,20 @@ impl FleetClient {
             if tokio::time::Instant::now() >= deadline {
                 return Err(status);
             }
-            // A newer table: read it, and go there at once if it is read.
-            if self.is_newer(&status) && self.refresh().await.is_ok() && !self.is_newer(&status) {
-                continue;
+            // A newer table: read it (or wait for the read under way), and
+            // go there at once if it is read.
+            if self.is_newer(&status) {
+                self.refresh_for_retry().await;
+                if !self.is_newer(&status) {
+                    continue;
+                }
             }
             if tokio::time::Instant::now() + backoff >= deadline {
                 return Err(status);
             }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
-            let _ = self.refresh().await;
+            self.refresh_for_retry().await;
         }
     }
 
