@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -52,6 +53,8 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// Retries read the table at most this often (see
 /// [`FleetClient::refresh_for_retry`]).
 const REFRESH_EVERY: Duration = Duration::from_millis(50);
+/// How long a retry's read of the table may take.
+const REFRESH_WITHIN: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct FleetClient {
@@ -73,6 +76,8 @@ struct Inner {
     /// When a retry last read the table: retries share reads (see
     /// [`FleetClient::refresh_for_retry`]).
     refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Which node of the table a retry's read asks next.
+    asked: AtomicUsize,
 }
 
 /// Makes the channel to a node at `host:port`, as the caller wants it
@@ -124,6 +129,7 @@ impl FleetClient {
                 streams: Mutex::default(),
                 connect,
                 refreshed: tokio::sync::Mutex::new(None),
+                asked: AtomicUsize::new(0),
             }),
             retry_budget: RETRY_BUDGET,
         };
@@ -135,39 +141,55 @@ impl FleetClient {
     /// answer (restarting, say), from the other nodes of the table in
     /// turn; returns its epoch.
     pub async fn refresh(&self) -> Result<u64, Status> {
-        let mut table = ReadStatesClient::new(self.inner.entry.clone())
-            .get_routing_table(GetRoutingTableRequest {})
-            .await;
+        let mut table = read_table(self.inner.entry.clone()).await;
         if table.is_err() {
             for node in self.ring().nodes() {
-                let answer = ReadStatesClient::new(self.channel(node))
-                    .get_routing_table(GetRoutingTableRequest {})
-                    .await;
+                let answer = read_table(self.channel(node)).await;
                 if answer.is_ok() {
                     table = answer;
                     break;
                 }
             }
         }
-        let ring = Arc::new(to_ring(table?.into_inner())?);
+        Ok(self.adopt(table?))
+    }
+
+    /// Takes `ring` unless the table held is newer; returns its epoch.
+    fn adopt(&self, ring: Ring) -> u64 {
         let epoch = ring.epoch();
         let mut current = self.inner.ring.write().unwrap_or_else(|e| e.into_inner());
         if epoch >= current.epoch() {
-            *current = ring;
+            *current = Arc::new(ring);
         }
-        Ok(epoch)
+        epoch
     }
 
     /// Reads the table again for a retry, unless one was read less than
     /// [`REFRESH_EVERY`] ago: while a node is down, thousands of requests
     /// retry at once, and each reading the whole table was a storm on the
-    /// entry node. Concurrent callers wait for the read under way.
+    /// entry node. Concurrent callers wait for the read under way, which
+    /// is bounded ([`REFRESH_WITHIN`]: a frozen entry node holds no retry
+    /// up). With no newer table from the entry node (frozen, or cut off
+    /// from the ring store and fenced, it may hold an old one), the next
+    /// node of the table is asked too, one per read, in turn.
     async fn refresh_for_retry(&self) {
         let mut refreshed = self.inner.refreshed.lock().await;
         if refreshed.is_some_and(|at| at.elapsed() < REFRESH_EVERY) {
             return;
         }
-        let _ = self.refresh().await;
+        let held = self.ring().epoch();
+        let read = tokio::time::timeout(REFRESH_WITHIN, self.refresh()).await;
+        if !matches!(read, Ok(Ok(epoch)) if epoch > held) {
+            let ring = self.ring();
+            let nodes = ring.nodes();
+            if !nodes.is_empty() {
+                let next = self.inner.asked.fetch_add(1, Ordering::Relaxed) % nodes.len();
+                let read = read_table(self.channel(&nodes[next]));
+                if let Ok(Ok(ring)) = tokio::time::timeout(REFRESH_WITHIN, read).await {
+                    self.adopt(ring);
+                }
+            }
+        }
         *refreshed = Some(tokio::time::Instant::now());
     }
 
@@ -338,6 +360,14 @@ fn endpoint(address: &str) -> Result<Endpoint, Status> {
                 .keep_alive_while_idle(true)
         })
         .map_err(|e| Status::invalid_argument(format!("address {address}: {e}")))
+}
+
+/// The table as the node behind `channel` holds it.
+async fn read_table(channel: Channel) -> Result<Ring, Status> {
+    let table = ReadStatesClient::new(channel)
+        .get_routing_table(GetRoutingTableRequest {})
+        .await?;
+    to_ring(table.into_inner())
 }
 
 /// The table as a [`Ring`] (owners past the node list: nobody).

@@ -155,9 +155,21 @@ impl BackupName {
         self.wanted.subscribe()
     }
 
-    /// What the record names, as the holder last renewed it.
+    /// What the record names, as the holder last renewed it; empty while
+    /// unknown (a renewal that may change it is under way, or its answer
+    /// was lost).
     pub fn recorded(&self) -> watch::Receiver<String> {
         self.recorded.subscribe()
+    }
+
+    /// The holder's side: a renewal that may change the name is under way
+    /// (`""`: nothing may rest on either name meanwhile).
+    fn unknown(&self) {
+        self.recorded.send_if_modified(|recorded| {
+            let changed = !recorded.is_empty();
+            recorded.clear();
+            changed
+        });
     }
 
     /// The holder's side: `record` applied.
@@ -218,8 +230,14 @@ impl Holder {
                 None => self.config.lapse() * 2,
             };
             // Seen before the record is made: a later want renews again.
-            wanted.mark_unchanged();
-            let attempt = tokio::time::timeout(within, self.renew_or_take(held.as_ref(), &stop));
+            let backup = wanted.borrow_and_update().clone();
+            // A renewal that may change the name leaves it unknown until a
+            // record is seen applied (its answer may be lost, applied).
+            if held.as_ref().is_none_or(|held| held.backup != backup) {
+                self.backup.unknown();
+            }
+            let renewing = self.renew_or_take(held.as_ref(), &backup, &stop);
+            let attempt = tokio::time::timeout(within, renewing);
             let outcome = tokio::select! {
                 outcome = attempt => outcome.unwrap_or_else(|_| {
                     Err(StoreError::new("ring", format!("no answer within {within:?}")))
@@ -295,6 +313,7 @@ impl Holder {
     async fn renew_or_take(
         &self,
         held: Option<&LeaseRecord>,
+        backup: &str,
         stop: &CancellationToken,
     ) -> Result<Option<(LeaseRecord, Instant)>, StoreError> {
         let store = &*self.store;
@@ -318,17 +337,17 @@ impl Holder {
                 },
             },
         };
-        let mine = self.record(seen.as_ref().map_or(0, |seen| seen.renewals + 1));
+        let mine = self.record(seen.as_ref().map_or(0, |seen| seen.renewals + 1), backup);
         let sent = Instant::now();
         let applied = store.swap_lease(self.node(), seen.as_ref(), &mine).await?;
         Ok(applied.then_some((mine, sent)))
     }
 
-    fn record(&self, renewals: u64) -> LeaseRecord {
+    fn record(&self, renewals: u64, backup: &str) -> LeaseRecord {
         LeaseRecord {
             holder: self.incarnation.clone(),
             renewals,
-            backup: self.backup.wanted.borrow().clone(),
+            backup: backup.to_owned(),
         }
     }
 

@@ -29,6 +29,7 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::helpers::{Server, check_counts, config, fresh_keyspace, fresh_users, nodes};
+use crate::proxy::Proxy;
 
 const IDS: [&str; 3] = ["n1", "n2", "n3"];
 const CLIENTS: u64 = 8;
@@ -45,21 +46,28 @@ struct Fleet {
     /// Nodes join the ring at weight 100 and drain on SIGTERM by
     /// themselves (`--join-weight`, `--drain-timeout`).
     joining: bool,
+    /// A node that reaches Cassandra at another address (a proxy).
+    via: Option<(&'static str, String)>,
 }
 
 impl Fleet {
     async fn start(name: &str) -> Fleet {
-        Fleet::start_with(name, false).await
+        Fleet::start_with(name, false, None).await
+    }
+
+    /// Node `id` reaches Cassandra at `address` (a proxy).
+    async fn start_via(name: &str, id: &'static str, address: String) -> Fleet {
+        Fleet::start_with(name, false, Some((id, address))).await
     }
 
     /// Nodes that join the ring by themselves, and drain on SIGTERM.
     async fn start_joining(name: &str) -> Fleet {
-        let fleet = Fleet::start_with(name, true).await;
+        let fleet = Fleet::start_with(name, true, None).await;
         fleet.wait_joined(IDS.len()).await;
         fleet
     }
 
-    async fn start_with(name: &str, joining: bool) -> Fleet {
+    async fn start_with(name: &str, joining: bool, via: Option<(&'static str, String)>) -> Fleet {
         let (keyspace, ring) = fresh_keyspace(name).await;
         let ring = Arc::new(ring);
         let mut fleet = Fleet {
@@ -67,6 +75,7 @@ impl Fleet {
             ring,
             servers: Vec::new(),
             joining,
+            via,
         };
         for id in IDS {
             // A port of its own, known before it starts: the node advertises
@@ -175,7 +184,11 @@ impl Fleet {
         if self.joining {
             args.extend(["--join-weight", "100", "--drain-timeout", "30s"]);
         }
-        Server::try_start_in(&self.keyspace, listen, &nodes(), &args)
+        let cassandra = match &self.via {
+            Some((via, address)) if *via == id => address.clone(),
+            _ => nodes(),
+        };
+        Server::try_start_in(&self.keyspace, listen, &cassandra, &args)
     }
 
     /// Makes the change and waits until every slot is served; how long.
@@ -630,6 +643,104 @@ async fn a_change_waits_for_the_backup_and_a_frozen_backup_is_replaced() {
         .find(|s| s.channel_id == 1)
         .map(|s| s.last_acked_id);
     assert_eq!(stored_ack, Some(11));
+}
+
+/// Issue 37: a node cut from Cassandra but not from its peers (a proxy
+/// between them cut for 8 s) cannot renew its lease: it stops serving by
+/// itself, and its backup (n2), which still has its stream open, sees the
+/// lease lapse and takes it over. No acknowledged ack is lost. The cut
+/// node accepts nothing for the slots it lost, during the cut and once
+/// Cassandra is back (its renewal then finds the lease taken).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_from_cassandra_fences_itself_and_is_taken_over() {
+    let proxy = Proxy::start(nodes()).await;
+    let mut fleet = Fleet::start_via("fleet_cut", "n1", proxy.address.clone()).await;
+    for (index, id) in IDS.iter().enumerate() {
+        fleet.wait_attached(index, id).await;
+    }
+    let record = fleet.ring.load().await.unwrap();
+    let first = fresh_users(CLIENTS * USERS_PER_CLIENT);
+    let lost = (first..first + CLIENTS * USERS_PER_CLIENT)
+        .find(|&u| record.ring.owner_of(u).is_some_and(|n| n.id == "n1"))
+        .expect("a user of n1");
+    let stop = Arc::new(AtomicBool::new(false));
+    let ring = fleet.ring.clone();
+    let mut n1 = fleet.server(0).client().await;
+    let cut = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let at = Instant::now();
+        proxy.cut(true);
+        let taken_over = loop {
+            let record = ring.load().await.expect("ring");
+            if record.ring.node("n1").is_none()
+                && admin::wait_served(&*ring, record.ring.epoch(), Duration::from_millis(100))
+                    .await
+                    .is_ok()
+            {
+                break at.elapsed();
+            }
+            assert!(at.elapsed() < Duration::from_secs(30), "n1 not taken over");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let during = n1.ack(ack(lost, 1, 1_000_000)).await;
+        // Back before the retry budget (10 s) of a request refused at the
+        // cut runs out, for the clients entering at n1.
+        tokio::time::sleep(Duration::from_secs(8).saturating_sub(at.elapsed())).await;
+        proxy.cut(false);
+        // Long enough for its renewal to find the lease taken.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let after = n1.ack(ack(lost, 1, 1_000_001)).await;
+        stop.store(true, Ordering::SeqCst);
+        (taken_over, during, after)
+    };
+    let routes = fleet.routes().await;
+    let (ledger, (taken_over, during, after)) =
+        tokio::join!(load(routes, first, stop.clone()), cut);
+    let takeovers = (fleet.server(1))
+        .metric("readstates_takeovers_total{result=\"done\"}")
+        .await;
+    for server in fleet.servers.iter_mut().filter_map(Option::take) {
+        let _ = tokio::task::block_in_place(|| server.terminate());
+    }
+    let store = fleet.store().await;
+    let (acknowledged, missing) = missing_acks(&store, &ledger).await;
+    println!(
+        "a node cut from Cassandra: {acknowledged} acks acknowledged, {} missing; {} requests \
+         failed in the end ({:?}); taken over, its slots served elsewhere {taken_over:?} after \
+         the cut; an ack to it for a lost slot during the cut: {:?}, after: {:?}",
+        missing.len(),
+        ledger.errors,
+        ledger.first_error,
+        during.as_ref().map(|_| "OK").map_err(|s| s.code()),
+        after.as_ref().map(|_| "OK").map_err(|s| s.code()),
+    );
+    assert!(acknowledged > 100, "the load ran: {acknowledged}");
+    assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
+    assert_eq!(takeovers, 1.0, "taken over by its backup");
+    // During the cut it is fenced: refused, not applied. Once back, it has
+    // adopted the ring that took its slots: refused, or passed on to the
+    // new owner (then applied there, and stored).
+    let during = during.expect_err("during the cut");
+    assert_eq!(during.code(), Code::Unavailable, "{during:?}");
+    let stored = store.load(lost).await.unwrap();
+    let acked = (stored.read_states.iter())
+        .find(|s| s.channel_id == 1)
+        .map_or(0, |s| s.last_acked_id);
+    match after {
+        Ok(_) => assert_eq!(acked, 1_000_001, "passed on, and stored"),
+        Err(status) => {
+            assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+            assert!(acked < 1_000_000, "an ack the cut node refused is stored");
+        }
+    }
+    // Half the clients enter at n1, which cannot know the new owners while
+    // cut off: a request each may run out of its retries meanwhile.
+    assert!(
+        ledger.errors <= CLIENTS,
+        "{} requests failed, after 10 s of retries: {:?}",
+        ledger.errors,
+        ledger.first_error
+    );
 }
 
 /// A `kill -9` of a node while it hands users over: the receiver, frozen

@@ -14,6 +14,7 @@ mod eviction;
 mod fleet;
 mod helpers;
 mod outage;
+mod proxy;
 mod restart;
 mod ring;
 mod round_trip;

@@ -164,6 +164,15 @@ impl Backups {
             .collect()
     }
 
+    /// Every copy that holds all its node had unwritten, with the number
+    /// of its stream and whether that broke.
+    pub fn complete(&self) -> Vec<(String, u64, bool)> {
+        (self.lock().by_id.iter())
+            .filter(|(_, held)| held.complete())
+            .map(|(node, held)| (node.clone(), held.stream, held.broken))
+            .collect()
+    }
+
     /// The nodes held for.
     pub fn nodes(&self) -> Vec<String> {
         self.lock().by_id.keys().cloned().collect()

@@ -83,8 +83,8 @@ struct State {
     attached: Option<Attached>,
     /// What the lease record names, as last renewed ("": not known yet).
     recorded: String,
-    /// No backup can hold a copy (a fleet of one, one that refuses the
-    /// stream, or this node stops): changes rest on the journal alone.
+    /// No backup can hold a copy (a fleet of one, or one that refuses the
+    /// stream): changes rest on the journal alone.
     unbacked: bool,
 }
 
@@ -111,11 +111,18 @@ impl Attached {
 impl State {
     /// Up to where changes may be answered (0: none from now on).
     fn answerable(&self) -> u64 {
+        let alone = self.recorded == NO_BACKUP;
         match &self.attached {
-            Some(a) if a.complete() && (a.token == self.recorded || a.naming_from.is_some()) => {
+            // Named, or being named while the record names no copy at all.
+            Some(a)
+                if a.complete()
+                    && (a.token == self.recorded || (a.naming_from.is_some() && alone)) =>
+            {
                 a.held
             }
-            _ if self.unbacked || self.recorded == NO_BACKUP => u64::MAX,
+            // Unknown (""), or naming a stream gone: nothing.
+            Some(a) if a.naming_from.is_some() => 0,
+            _ if self.unbacked || alone => u64::MAX,
             _ => 0,
         }
     }
@@ -217,13 +224,13 @@ impl Mirror {
                 }
                 std::future::pending().await
             };
+            // Stopping: the stream is ended and its lease asked to name no
+            // backup, so changes answered while the stop drains rest on the
+            // journal alone once it does.
             tokio::select! {
                 () = tokio::time::sleep(RETRY) => {}
                 () = renamed => {}
-                () = stop.cancelled() => {
-                    self.unbacked();
-                    return;
-                }
+                () = stop.cancelled() => return,
             }
         }
     }
@@ -372,7 +379,7 @@ impl Mirror {
     }
 
     /// No backup can hold a copy (a fleet of one, or it refuses the
-    /// stream), or this node stops: changes rest on the journal alone.
+    /// stream): changes rest on the journal alone.
     fn unbacked(&self) {
         self.update(|state| {
             state.attached = None;
@@ -393,9 +400,16 @@ impl Mirror {
             }
             // Complete: from here on changes wait for it, and it is named
             // once it holds everything answered before (on the journal
-            // alone, or by a stream gone since), all taken by now.
+            // alone, or by a stream gone since), all taken by now: read
+            // once nothing more may be answered alone.
             Some(a) if a.complete() => {
-                let from = *a.naming_from.get_or_insert_with(|| self.journal.taken());
+                let from = match a.naming_from {
+                    Some(from) => from,
+                    None => {
+                        self.journal.replicated(a.held);
+                        *a.naming_from.insert(self.journal.taken())
+                    }
+                };
                 (a.held >= from).then(|| a.token.clone())
             }
             // Catching up while the record names no backup: answered alone.

@@ -70,16 +70,21 @@ impl Takeover {
         let mut watching: HashSet<(String, u64)> = HashSet::new();
         let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
         loop {
-            for broken in self.backups.broken() {
-                if watching.insert(broken.clone()) {
+            // A stream that broke, or one still open from a node whose
+            // lease lapsed (cut off from the store, not from this node: it
+            // answers nothing more, fenced).
+            for (node, stream, broken) in self.backups.complete() {
+                let lapsed = || matches!(sightings.lapsed(&node, self.lease), Some(Some(_)));
+                let key = (node.clone(), stream);
+                if (broken || lapsed()) && watching.insert(key.clone()) {
                     let (takeover, done, stop) = (self.clone(), done.clone(), stop.clone());
                     let sightings = sightings.clone();
                     tokio::spawn(async move {
                         tokio::select! {
-                            () = takeover.watch(&broken.0, broken.1, &sightings) => {}
+                            () = takeover.watch(&key.0, key.1, &sightings) => {}
                             () = stop.cancelled() => {}
                         }
-                        let _ = done.send(broken);
+                        let _ = done.send(key);
                     });
                 }
             }
@@ -96,19 +101,30 @@ impl Takeover {
         }
     }
 
-    /// Watches `node`, whose stream `stream` broke, until it streams again
-    /// (it lives) or its lease lapses (taken over). Meanwhile writes what
-    /// the stream brought: the node may well be dead, and the writes lose
-    /// to any newer version in the store should it not be.
+    /// Watches `node`, whose stream `stream` broke (or whose lease lapsed),
+    /// until it streams again (it lives) or its lease lapses (taken over).
+    /// Meanwhile writes what a broken stream brought (it takes in nothing
+    /// more): the node may well be dead, and the writes lose to any newer
+    /// version in the store should it not be.
     async fn watch(&self, node: &str, stream: u64, sightings: &Sightings) {
         let started = Instant::now();
-        let (Some(copy), Some(token)) = (
-            self.backups.copy(node, stream),
-            self.backups.token(node, stream),
-        ) else {
+        let Some(token) = self.backups.token(node, stream) else {
             return;
         };
-        let mut writing = std::pin::pin!(self.write(copy));
+        // Written ahead only by the node's backup as the ring names it (a
+        // copy left from before a ring change is not its to write).
+        let named =
+            backup_of(&self.member.ring().ring, node).is_some_and(|b| b.id == self.member.id());
+        let broke = self.backups.broken().contains(&(node.to_owned(), stream));
+        let ahead = (named && broke)
+            .then(|| self.backups.copy(node, stream))
+            .flatten();
+        let write_ahead = ahead.is_some();
+        let mut writing = std::pin::pin!(async {
+            if let Some(copy) = ahead {
+                self.write(copy).await;
+            }
+        });
         let mut written_ahead = false;
         let mut lapsed = std::pin::pin!(self.lapsed(node, stream, sightings));
         let seen = loop {
@@ -117,6 +133,7 @@ impl Takeover {
                 () = &mut writing, if !written_ahead => written_ahead = true,
             }
         };
+        let written_ahead = written_ahead && write_ahead;
         let Some(seen) = seen else {
             return;
         };
@@ -151,6 +168,14 @@ impl Takeover {
             }
         }
         let Some(taken) = self.backups.take(node, stream) else {
+            // It streams again after all: its lease is freed at once, not
+            // left to lapse.
+            let free = LeaseRecord {
+                holder: String::new(),
+                renewals: held.renewals + 1,
+                backup: NO_BACKUP.to_owned(),
+            };
+            let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
             return;
         };
         let (users, channels) = (taken.users.len(), taken.channels.len());
@@ -174,10 +199,12 @@ impl Takeover {
             }
         };
         let taking = async {
-            // The copy is what was written ahead: the stream broke, so it
-            // took in nothing since.
-            if !written_ahead {
-                writing.await;
+            // The copy is what was written ahead, if it was: the stream
+            // broke, so it took in nothing since.
+            match write_ahead {
+                true if !written_ahead => writing.await,
+                true => {}
+                false => self.write(taken).await,
             }
             let written = started.elapsed();
             let peers = &**self.member.peers();
@@ -245,8 +272,11 @@ impl Takeover {
     async fn lapsed(&self, node: &str, stream: u64, sightings: &Sightings) -> Option<LeaseRecord> {
         let me = self.member.id();
         loop {
-            let still_broken = || self.backups.broken().contains(&(node.to_owned(), stream));
-            if !still_broken() {
+            let still_held = || {
+                let held = self.backups.complete();
+                held.iter().any(|(n, s, _)| n == node && *s == stream)
+            };
+            if !still_held() {
                 return None;
             }
             // Only the node's backup as the ring now names it (a copy left
@@ -261,7 +291,7 @@ impl Takeover {
                 continue;
             }
             match sightings.lapsed(node, self.lease) {
-                Some(Some(seen)) if still_broken() => return Some(seen),
+                Some(Some(seen)) if still_held() => return Some(seen),
                 // Released or revoked: not this node's to take over.
                 Some(None) => return None,
                 _ => {}

@@ -285,6 +285,8 @@ async fn holder(
     loop {
         let want = wanted.borrow_and_update().clone();
         if *record.lock().unwrap() != want {
+            // Unknown until seen applied (the holder's rule).
+            mirror.recorded("");
             let renewal = match rng.u32(..10) {
                 0 => Duration::from_millis(rng.u64(100..1_000)),
                 _ => Duration::from_millis(rng.u64(..20)),
@@ -294,8 +296,14 @@ async fn holder(
                 () = lost.cancelled() => return,
             }
             *record.lock().unwrap() = want.clone();
+            // Now and then its answer is lost: the holder learns of it at
+            // a later renewal.
+            let told = match rng.u32(..5) {
+                0 => Duration::from_millis(rng.u64(200..1_500)),
+                _ => Duration::from_millis(rng.u64(..3)),
+            };
             tokio::select! {
-                () = tokio::time::sleep(Duration::from_millis(rng.u64(..3))) => {}
+                () = tokio::time::sleep(told) => {}
                 () = lost.cancelled() => return,
             }
             mirror.recorded(&want);
