@@ -123,61 +123,63 @@ pub async fn revoke(
 /// ([`LeaseRecord::backup`]; `docs/failover.md`, "Which copy may take
 /// over"): the backup stream says what it wants named, and the holder
 /// records it with a renewal made at once, then says what the record names.
+///
+/// Each request gets a number. What the holder says is recorded carries
+/// the number of the request its renewal was made from, so the sender
+/// knows a name is the record's only once a renewal made after its latest
+/// request applied: an older one may be overtaken by a renewal in flight
+/// (found by a review: the sender answered on its journal alone while a
+/// renewal naming a stream was about to apply).
 #[derive(Debug)]
 pub struct BackupName {
-    wanted: watch::Sender<String>,
-    /// What the last renewal that applied recorded.
-    recorded: watch::Sender<String>,
+    /// The name asked for, and its request's number.
+    wanted: watch::Sender<(String, u64)>,
+    /// What the last renewal seen applied recorded, and the number of the
+    /// request it was made from (0: not known).
+    recorded: watch::Sender<(String, u64)>,
 }
 
 impl BackupName {
-    /// Wants [`NO_BACKUP`], and knows of no record yet.
+    /// Wants [`NO_BACKUP`] (request 1), and knows of no record yet.
     pub fn new() -> Arc<BackupName> {
         Arc::new(BackupName {
-            wanted: watch::Sender::new(NO_BACKUP.to_owned()),
-            recorded: watch::Sender::new(String::new()),
+            wanted: watch::Sender::new((NO_BACKUP.to_owned(), 1)),
+            recorded: watch::Sender::new((String::new(), 0)),
         })
     }
 
-    /// Asks for `name` to be recorded.
-    pub fn want(&self, name: &str) {
-        self.wanted.send_if_modified(|wanted| {
+    /// Asks for `name` to be recorded; returns the number of the request
+    /// (the same as before if it was asked for already).
+    pub fn want(&self, name: &str) -> u64 {
+        self.wanted.send_if_modified(|(wanted, number)| {
             let changed = wanted != name;
             if changed {
                 name.clone_into(wanted);
+                *number += 1;
             }
             changed
         });
+        self.wanted.borrow().1
     }
 
     /// What is asked for (the holder's side; tests play it too).
-    pub fn wanted(&self) -> watch::Receiver<String> {
+    pub fn wanted(&self) -> watch::Receiver<(String, u64)> {
         self.wanted.subscribe()
     }
 
-    /// What the record names, as the holder last renewed it; empty while
-    /// unknown (a renewal that may change it is under way, or its answer
-    /// was lost).
-    pub fn recorded(&self) -> watch::Receiver<String> {
+    /// What the record names, with the number of the request the renewal
+    /// that recorded it was made from.
+    pub fn recorded(&self) -> watch::Receiver<(String, u64)> {
         self.recorded.subscribe()
     }
 
-    /// The holder's side: a renewal that may change the name is under way
-    /// (`""`: nothing may rest on either name meanwhile).
-    fn unknown(&self) {
+    /// The holder's side: `record` applied, made from request `number`.
+    fn applied(&self, record: &LeaseRecord, number: u64) {
+        let now = (record.backup.clone(), number);
         self.recorded.send_if_modified(|recorded| {
-            let changed = !recorded.is_empty();
-            recorded.clear();
-            changed
-        });
-    }
-
-    /// The holder's side: `record` applied.
-    fn applied(&self, record: &LeaseRecord) {
-        self.recorded.send_if_modified(|recorded| {
-            let changed = *recorded != record.backup;
+            let changed = *recorded != now;
             if changed {
-                record.backup.clone_into(recorded);
+                *recorded = now;
             }
             changed
         });
@@ -230,12 +232,7 @@ impl Holder {
                 None => self.config.lapse() * 2,
             };
             // Seen before the record is made: a later want renews again.
-            let backup = wanted.borrow_and_update().clone();
-            // A renewal that may change the name leaves it unknown until a
-            // record is seen applied (its answer may be lost, applied).
-            if held.as_ref().is_none_or(|held| held.backup != backup) {
-                self.backup.unknown();
-            }
+            let (backup, request) = wanted.borrow_and_update().clone();
             let renewing = self.renew_or_take(held.as_ref(), &backup, &stop);
             let attempt = tokio::time::timeout(within, renewing);
             let outcome = tokio::select! {
@@ -253,7 +250,7 @@ impl Holder {
                         tracing::info!(renewals = record.renewals, "lease taken");
                     }
                     counter!(LEASE_RENEWALS, "result" => "applied").increment(1);
-                    self.backup.applied(&record);
+                    self.backup.applied(&record, request);
                     held = Some(record);
                 }
                 Ok(None) => {
@@ -262,8 +259,10 @@ impl Holder {
                         held = self.lost() => held,
                         () = stop.cancelled() => break,
                     };
+                    // Read back: which request it was made from is not
+                    // known (an earlier renewal's answer may have been lost).
                     if let Some(record) = &held {
-                        self.backup.applied(record);
+                        self.backup.applied(record, 0);
                     }
                 }
                 Err(e) => {

@@ -47,6 +47,8 @@ use crate::proto::{MirrorBatch, MirrorRequest, MirrorStart};
 
 /// How long a node waits before trying a backup again.
 const RETRY: Duration = Duration::from_secs(1);
+/// How long a stopping node waits for its lease to name no backup.
+const STOPPING: Duration = Duration::from_secs(5);
 /// How often the stream looks whether the ring names another backup, and
 /// tells the backup it lives (see `grpc::mirror::SILENCE`).
 const RING_CHECK: Duration = Duration::from_millis(500);
@@ -81,8 +83,14 @@ pub struct Mirror {
 struct State {
     /// The open stream, if any.
     attached: Option<Attached>,
-    /// What the lease record names, as last renewed ("": not known yet).
-    recorded: String,
+    /// What the lease record names, as last renewed ("": not known yet),
+    /// with the number of the request the renewal was made from.
+    recorded: (String, u64),
+    /// The number of this node's latest request for a name: a name
+    /// recorded from an older one may be overtaken by a renewal in flight.
+    asked: u64,
+    /// What the journal was last told may be answered.
+    answerable: u64,
     /// No backup can hold a copy (a fleet of one, or one that refuses the
     /// stream): changes rest on the journal alone.
     unbacked: bool,
@@ -111,20 +119,26 @@ impl Attached {
 impl State {
     /// Up to where changes may be answered (0: none from now on).
     fn answerable(&self) -> u64 {
-        let alone = self.recorded == NO_BACKUP;
+        let (recorded, _) = &self.recorded;
+        let alone = self.alone();
         match &self.attached {
             // Named, or being named while the record names no copy at all.
             Some(a)
-                if a.complete()
-                    && (a.token == self.recorded || (a.naming_from.is_some() && alone)) =>
+                if a.complete() && (a.token == *recorded || (a.naming_from.is_some() && alone)) =>
             {
                 a.held
             }
-            // Unknown (""), or naming a stream gone: nothing.
+            // Not known, or naming a stream gone: nothing.
             Some(a) if a.naming_from.is_some() => 0,
             _ if self.unbacked || alone => u64::MAX,
             _ => 0,
         }
+    }
+
+    /// The record names no copy, as renewed after this node's latest
+    /// request for a name.
+    fn alone(&self) -> bool {
+        self.recorded.0 == NO_BACKUP && self.recorded.1 == self.asked
     }
 }
 
@@ -148,12 +162,15 @@ impl Mirror {
         mirror
     }
 
-    /// Follows what the lease record names, until `stop`.
-    async fn follow_record(&self) {
+    /// Follows what the lease record names; with `until_alone`, only until
+    /// changes rest on the journal alone.
+    async fn follow_record(&self, until_alone: bool) {
         let mut recorded = self.name.recorded();
         loop {
             let now = recorded.borrow_and_update().clone();
-            self.recorded(&now);
+            if self.recorded(now) == u64::MAX && until_alone {
+                return;
+            }
             if recorded.changed().await.is_err() {
                 return std::future::pending().await;
             }
@@ -168,9 +185,14 @@ impl Mirror {
         stop: CancellationToken,
     ) {
         tokio::select! {
-            () = self.follow_record() => {}
+            () = self.follow_record(false) => {}
             () = self.streams(member, peers, stop) => {}
         }
+        // Stopping: the stream ended and the lease was asked to name no
+        // backup; changes answered while the stop drains rest on the
+        // journal alone once it does (those waiting meanwhile are cut off
+        // by the stop's grace if it never does).
+        let _ = tokio::time::timeout(STOPPING, self.follow_record(true)).await;
     }
 
     /// Opens streams to the backup as the ring names it, one after the
@@ -373,9 +395,11 @@ impl Mirror {
         self.update(|state| state.attached = None);
     }
 
-    /// The lease record names `recorded` (the holder renewed it).
-    pub(crate) fn recorded(&self, recorded: &str) {
-        self.update(|state| recorded.clone_into(&mut state.recorded));
+    /// The lease record names `recorded.0`, renewed from request
+    /// `recorded.1` (the holder's word); returns how far changes may now
+    /// be answered.
+    pub(crate) fn recorded(&self, recorded: (String, u64)) -> u64 {
+        self.update(|state| state.recorded = recorded)
     }
 
     /// No backup can hold a copy (a fleet of one, or it refuses the
@@ -389,10 +413,11 @@ impl Mirror {
 
     /// Changes the state, asks the lease for the name it calls for, and
     /// tells the journal how far changes may be answered.
-    fn update(&self, change: impl FnOnce(&mut State)) {
+    fn update(&self, change: impl FnOnce(&mut State)) -> u64 {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         change(&mut state);
-        let recorded = state.recorded.clone();
+        let recorded = state.recorded.0.clone();
+        let before = state.answerable;
         let wanted = match &mut state.attached {
             Some(a) if a.token == recorded => {
                 a.naming_from = None;
@@ -406,7 +431,7 @@ impl Mirror {
                 let from = match a.naming_from {
                     Some(from) => from,
                     None => {
-                        self.journal.replicated(a.held);
+                        self.journal.replicated(a.held.min(before));
                         *a.naming_from.insert(self.journal.taken())
                     }
                 };
@@ -417,13 +442,15 @@ impl Mirror {
             Some(_) | None => Some(NO_BACKUP.to_owned()),
         };
         if let Some(wanted) = wanted {
-            self.name.want(&wanted);
+            state.asked = self.name.want(&wanted);
         }
         // Under the lock: a later ack never tells the journal before this.
-        self.journal.replicated(state.answerable());
+        state.answerable = state.answerable();
+        self.journal.replicated(state.answerable);
         let attached = state.attached.as_ref();
         let named = attached.is_some_and(|a| a.complete() && a.token == recorded);
         gauge!(BACKUP_ATTACHED).set(if named { 1.0 } else { 0.0 });
+        state.answerable
     }
 
     fn outbox(&self) -> MutexGuard<'_, Option<mpsc::Sender<MirrorRequest>>> {

@@ -283,10 +283,8 @@ async fn holder(
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x1ea5e);
     let mut wanted = name.wanted();
     loop {
-        let want = wanted.borrow_and_update().clone();
+        let (want, request) = wanted.borrow_and_update().clone();
         if *record.lock().unwrap() != want {
-            // Unknown until seen applied (the holder's rule).
-            mirror.recorded("");
             let renewal = match rng.u32(..10) {
                 0 => Duration::from_millis(rng.u64(100..1_000)),
                 _ => Duration::from_millis(rng.u64(..20)),
@@ -306,7 +304,7 @@ async fn holder(
                 () = tokio::time::sleep(told) => {}
                 () = lost.cancelled() => return,
             }
-            mirror.recorded(&want);
+            mirror.recorded((want, request));
         }
         tokio::select! {
             _ = wanted.changed() => {}

@@ -258,23 +258,26 @@ async fn a_revoked_holder_that_cannot_read_the_ring_takes_no_new_lease() {
 
 /// The backup stream asks for a name (a copy that may take the node over,
 /// or none): it is recorded by a renewal made at once, not at the next
-/// quarter of the lease, and the holder says so only once it applied; the
-/// name is unknown while such a renewal is under way or unanswered.
+/// quarter of the lease, and the holder says so, with the request it was
+/// made from, only once it applied.
 #[tokio::test(start_paused = true)]
 async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
     let store = Arc::new(MemoryRingStore::default());
     let a = Start::new(&store);
     let mut recorded = a.backup.recorded();
     recorded
-        .wait_for(|r| r == NO_BACKUP)
+        .wait_for(|(name, request)| name == NO_BACKUP && *request == 1)
         .await
         .expect("the lease taken names no backup");
     assert_eq!(store.lease(NODE).await.unwrap().unwrap().backup, NO_BACKUP);
     // Just after a renewal: the next one is due a quarter lease later.
     tokio::time::sleep(CONFIG.renew_every() / 10).await;
     let asked = Instant::now();
-    a.backup.want("b/stream-1");
-    recorded.wait_for(|r| r == "b/stream-1").await.unwrap();
+    let request = a.backup.want("b/stream-1");
+    recorded
+        .wait_for(|r| *r == ("b/stream-1".to_owned(), request))
+        .await
+        .unwrap();
     assert!(
         asked.elapsed() < CONFIG.renew_every() / 2,
         "recorded {:?} after it was asked for",
@@ -282,16 +285,24 @@ async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
     );
     let record = store.lease(NODE).await.unwrap().unwrap();
     assert_eq!(record.backup, "b/stream-1");
-    // Cut off from the store: the renewal that asks for another name may
-    // apply with its answer lost, so neither name is said to be recorded
+    // Cut off from the store: the renewal asking for no backup may apply
+    // with its answer lost, so it is never said recorded from this request
     // (from a review: the sender answered on its journal alone while the
-    // record may have named a stream whose backup could take it over).
+    // record could still come to name a stream whose backup could take it
+    // over).
     store.cut_off(NODE, true);
-    a.backup.want(NO_BACKUP);
+    let request = a.backup.want(NO_BACKUP);
     tokio::time::sleep(CONFIG.duration * 2).await;
-    assert_eq!(*recorded.borrow(), "", "a name said recorded while unknown");
+    assert_ne!(
+        *recorded.borrow(),
+        (NO_BACKUP.to_owned(), request),
+        "said recorded, unanswered"
+    );
     store.cut_off(NODE, false);
-    recorded.wait_for(|r| r == NO_BACKUP).await.unwrap();
+    recorded
+        .wait_for(|r| *r == (NO_BACKUP.to_owned(), request))
+        .await
+        .unwrap();
     a.stop.cancel();
     a.holder.await.unwrap();
 }
