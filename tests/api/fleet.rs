@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use readstates::cluster::admin::{self, RingChange};
@@ -955,34 +956,70 @@ async fn an_apply_stream_reaches_users_on_every_node_while_slots_move() {
     b.stop().await;
 }
 
-/// A stand-in for a node going away: it speaks just enough HTTP/2 by hand
-/// to refuse every request: its SETTINGS, then, once a request's HEADERS
-/// arrive, a GOAWAY naming stream 0 as the last one it processed.
-async fn refusing_node() -> (String, tokio::task::JoinHandle<()>) {
+/// What a [`stand_in`] node does once a request's HEADERS arrive.
+#[derive(Clone, Copy)]
+enum OnRequest {
+    /// A node going away: a GOAWAY naming stream 0 as the last one it
+    /// processed.
+    GoAway,
+    /// A node killed mid-request: the socket dropped (with `reset`, as a
+    /// reset: SO_LINGER 0, as the kernel does for a killed process with
+    /// data unread).
+    Cut { reset: bool },
+    /// A frozen node: the kernel takes its connections, it answers nothing
+    /// (not even SETTINGS).
+    Silent,
+}
+
+/// A stand-in for a node that speaks just enough HTTP/2 by hand: its
+/// SETTINGS (unless silent), an ack of the client's, then `on` for each
+/// request. Counts the requests (HEADERS frames) that reach it.
+async fn stand_in(on: OnRequest) -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let refusing = tokio::spawn(async move {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let counting = asked.clone();
+    let standing = tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
+            let asked = counting.clone();
             tokio::spawn(async move {
+                let answers = !matches!(on, OnRequest::Silent);
                 let mut preface = [0u8; 24];
                 socket.read_exact(&mut preface).await?;
-                socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+                if answers {
+                    socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
+                }
                 loop {
                     let mut header = [0u8; 9];
                     socket.read_exact(&mut header).await?;
                     let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
                     let mut payload = vec![0u8; length as usize];
                     socket.read_exact(&mut payload).await?;
-                    match (header[3], header[4] & 1) {
+                    match (header[3], header[4] & 1, on) {
                         // Their SETTINGS: acknowledged.
-                        (4, 0) => socket.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await?,
-                        // HEADERS: GOAWAY, last stream 0, NO_ERROR.
-                        (1, _) => {
-                            let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-                            socket.write_all(&goaway).await?;
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                            return Ok::<(), std::io::Error>(());
+                        (4, 0, _) if answers => {
+                            socket.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await?
+                        }
+                        (1, _, _) => {
+                            asked.fetch_add(1, Ordering::SeqCst);
+                            match on {
+                                // GOAWAY, last stream 0, NO_ERROR.
+                                OnRequest::GoAway => {
+                                    let goaway =
+                                        [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                                    socket.write_all(&goaway).await?;
+                                    tokio::time::sleep(Duration::from_millis(200)).await;
+                                    return Ok::<(), std::io::Error>(());
+                                }
+                                OnRequest::Cut { reset } => {
+                                    if reset {
+                                        socket.set_zero_linger()?;
+                                    }
+                                    return Ok(());
+                                }
+                                OnRequest::Silent => {}
+                            }
                         }
                         _ => {}
                     }
@@ -990,7 +1027,7 @@ async fn refusing_node() -> (String, tokio::task::JoinHandle<()>) {
             });
         }
     });
-    (addr, refusing)
+    (addr, asked, standing)
 }
 
 /// A node refuses with GOAWAY the streams it has not taken (a node going
@@ -1002,7 +1039,7 @@ async fn refusing_node() -> (String, tokio::task::JoinHandle<()>) {
 /// INTERNAL "h2 protocol error: http2 error".)
 #[tokio::test]
 async fn a_request_refused_by_goaway_counts_as_not_applied() {
-    let (addr, refusing) = refusing_node().await;
+    let (addr, _, refusing) = stand_in(OnRequest::GoAway).await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -1038,46 +1075,6 @@ async fn a_request_refused_by_goaway_counts_as_not_applied() {
     refusing.abort();
 }
 
-/// A stand-in for a node killed mid-request: it takes the connection and
-/// its SETTINGS, then, once a request's HEADERS arrive, drops the socket
-/// (with `reset`, as a reset: SO_LINGER 0, as the kernel does for a killed
-/// process with data unread).
-async fn cutting_node(reset: bool) -> (String, tokio::task::JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let cutting = tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut preface = [0u8; 24];
-                socket.read_exact(&mut preface).await?;
-                socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await?;
-                loop {
-                    let mut header = [0u8; 9];
-                    socket.read_exact(&mut header).await?;
-                    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
-                    let mut payload = vec![0u8; length as usize];
-                    socket.read_exact(&mut payload).await?;
-                    match header[3] {
-                        4 if header[4] & 1 == 0 => {
-                            socket.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await?
-                        }
-                        // HEADERS: gone, as a killed node.
-                        1 => {
-                            if reset {
-                                socket.set_zero_linger()?;
-                            }
-                            return Ok::<(), std::io::Error>(());
-                        }
-                        _ => {}
-                    }
-                }
-            });
-        }
-    });
-    (addr, cutting)
-}
-
 /// Issue 37: a request whose connection a killed node cut (a reset, or a
 /// close) may or may not have been applied; a change applied again counts
 /// nothing twice, so the routing client sends it again (before, it
@@ -1087,7 +1084,7 @@ async fn cutting_node(reset: bool) -> (String, tokio::task::JoinHandle<()>) {
 #[tokio::test]
 async fn a_request_cut_in_flight_by_a_killed_node_is_sent_again() {
     for reset in [true, false] {
-        let (addr, cutting) = cutting_node(reset).await;
+        let (addr, _, cutting) = stand_in(OnRequest::Cut { reset }).await;
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()
@@ -1105,52 +1102,14 @@ async fn a_request_cut_in_flight_by_a_killed_node_is_sent_again() {
     assert!(!readstates_routing::client::not_applied(&unknown));
 }
 
-/// A stand-in for a frozen node: the kernel takes its connections, it
-/// answers nothing. Counts the requests (HEADERS frames) sent to it.
-async fn silent_node() -> (
-    String,
-    Arc<std::sync::atomic::AtomicUsize>,
-    tokio::task::JoinHandle<()>,
-) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let asked = Arc::new(AtomicUsize::new(0));
-    let counting = asked.clone();
-    let silent = tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let asked = counting.clone();
-            tokio::spawn(async move {
-                let mut preface = [0u8; 24];
-                socket.read_exact(&mut preface).await?;
-                loop {
-                    let mut header = [0u8; 9];
-                    socket.read_exact(&mut header).await?;
-                    let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
-                    let mut payload = vec![0u8; length as usize];
-                    socket.read_exact(&mut payload).await?;
-                    if header[3] == 1 {
-                        asked.fetch_add(1, Ordering::SeqCst);
-                    }
-                }
-                #[allow(unreachable_code)]
-                Ok::<(), std::io::Error>(())
-            });
-        }
-    });
-    (addr, asked, silent)
-}
-
 /// Issue 37: the epoch a takeover makes counts the dead node's slots
 /// released; their new owners serve them without asking it. Asking a frozen
 /// node first cost the takeover 2.7 s (its connection's keepalive) in
 /// `a_change_waits_for_the_backup_and_a_frozen_backup_is_replaced`.
 #[tokio::test]
 async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner() {
-    use std::sync::atomic::Ordering;
     let (store, ring) = shared();
-    let (addr, asked, silent) = silent_node().await;
+    let (addr, asked, silent) = stand_in(OnRequest::Silent).await;
     let x = Node {
         id: "x".into(),
         address: addr,

@@ -418,6 +418,27 @@ async fn answered<T>(user_id: u64, request: impl Future<Output = T>) -> T {
         })
 }
 
+/// Waits (at most 30 s) until `node` is out of the ring and every slot is
+/// served; how long since `at`.
+async fn taken_over(ring: &CassandraRingStore, node: &str, at: Instant) -> Duration {
+    loop {
+        let record = ring.load().await.expect("ring");
+        if record.ring.node(node).is_none()
+            && admin::wait_served(ring, record.ring.epoch(), Duration::from_millis(100))
+                .await
+                .is_ok()
+        {
+            return at.elapsed();
+        }
+        assert!(
+            at.elapsed() < Duration::from_secs(30),
+            "{node} not taken over: {:?}",
+            record.ring
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Acks acknowledged and missing from Cassandra: (acknowledged, missing,
 /// users with a missing ack).
 async fn missing_acks(store: &CassandraStore, ledger: &Ledger) -> (usize, Vec<(u64, Instant)>) {
@@ -527,22 +548,7 @@ async fn a_lost_node_loses_nothing_and_its_users_are_served_elsewhere_within_sec
         tokio::time::sleep(Duration::from_secs(3)).await;
         let at = Instant::now();
         fleet.server(1).crash();
-        let taken_over = loop {
-            let record = ring.load().await.expect("ring");
-            if record.ring.node("n2").is_none()
-                && admin::wait_served(&*ring, record.ring.epoch(), Duration::from_millis(100))
-                    .await
-                    .is_ok()
-            {
-                break at.elapsed();
-            }
-            assert!(
-                at.elapsed() < Duration::from_secs(30),
-                "n2 not taken over: {:?}",
-                record.ring
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let taken_over = taken_over(&ring, "n2", at).await;
         // The clients' retries meanwhile reach the new owners.
         tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, Ordering::SeqCst);
@@ -670,18 +676,7 @@ async fn a_node_cut_from_cassandra_fences_itself_and_is_taken_over() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let at = Instant::now();
         proxy.cut(true);
-        let taken_over = loop {
-            let record = ring.load().await.expect("ring");
-            if record.ring.node("n1").is_none()
-                && admin::wait_served(&*ring, record.ring.epoch(), Duration::from_millis(100))
-                    .await
-                    .is_ok()
-            {
-                break at.elapsed();
-            }
-            assert!(at.elapsed() < Duration::from_secs(30), "n1 not taken over");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let taken_over = taken_over(&ring, "n1", at).await;
         let during = n1.ack(ack(lost, 1, 1_000_000)).await;
         // Back before the retry budget (10 s) of a request refused at the
         // cut runs out, for the clients entering at n1.
