@@ -188,6 +188,26 @@ pub async fn fence(
     }
 }
 
+/// Takes `node` out of the ring for good when nothing can take it over
+/// (`readstates ring remove NODE --force`): two nodes lost at once, one the
+/// other's backup, whose takeover gave slots to the other; a node whose
+/// lease named no backup; `--backup false`. A plain [`change`] would wait
+/// for it forever. Fences it ([`fence`], with `lease`), then does what a
+/// takeover does ([`take_over`]) without a copy: whatever it had not
+/// written is lost.
+pub async fn remove_dead(
+    store: &dyn RingStore,
+    peers: &dyn Peers,
+    node: &str,
+    lease: Option<LeaseConfig>,
+) -> Result<RingRecord, AdminError> {
+    if store.load().await?.ring.node(node).is_none() {
+        return Err(RingError::UnknownNode(node.to_owned()).into());
+    }
+    fence(store, node, lease).await?;
+    take_over(store, peers, "operator", node).await
+}
+
 /// Takes `dead` out of the ring without its release (its backup does, see
 /// [`super::backup::takeover`]): one epoch gives its slots to the others
 /// and counts them released, so they serve them at once. Its lease must be

@@ -68,6 +68,16 @@ pub enum RingAction {
     /// Removes a node: only its slots move. Stop it once the change is served.
     Remove {
         node: String,
+        /// For a node dead for good that nothing took over (two nodes lost
+        /// at once, one the other's backup): once its lease lapsed, its
+        /// slots go to the others at once, served from the store; what it
+        /// had not written is lost.
+        #[arg(long)]
+        force: bool,
+        /// With `--force`: does not wait for its lease to lapse (only when
+        /// the node is known dead).
+        #[arg(long, requires = "force")]
+        ignore_lease: bool,
         #[command(flatten)]
         wait: WaitArgs,
     },

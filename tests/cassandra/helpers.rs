@@ -16,6 +16,8 @@ use readstates::store::cassandra::{self, CassandraConfig, CassandraStore};
 use tonic::transport::Channel;
 
 pub const KEYSPACE: &str = "readstates_test";
+/// The secret the test fleets' nodes share (`fleet_secret`).
+pub const FLEET_SECRET: &str = "the test fleet's own secret";
 
 /// `READSTATES_TEST_CASSANDRA`, or the port `scripts/cassandra.sh` uses.
 pub fn nodes() -> String {
@@ -143,7 +145,7 @@ impl Server {
             .args(journal_args)
             .env_remove("RUST_LOG")
             // Taken by fleet nodes only: what they prove to each other with.
-            .env("READSTATES_FLEET_SECRET", "the test fleet's own secret")
+            .env("READSTATES_FLEET_SECRET", FLEET_SECRET)
             .stderr(Stdio::piped())
             .spawn()
             .expect("start readstates");

@@ -11,6 +11,11 @@ use crate::helpers::{fresh_keyspace, nodes};
 
 /// Runs `readstates ring ARGS` on `keyspace`: (success, stdout, stderr).
 fn ring(keyspace: &str, args: &[&str]) -> (bool, String, String) {
+    ring_with(keyspace, args, &[])
+}
+
+/// [`ring`], with environment variables set.
+fn ring_with(keyspace: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_readstates"))
         .args([
             "ring",
@@ -21,6 +26,7 @@ fn ring(keyspace: &str, args: &[&str]) -> (bool, String, String) {
         ])
         .args(args)
         .env_remove("RUST_LOG")
+        .envs(env.iter().copied())
         .output()
         .expect("run readstates ring");
     (
@@ -113,6 +119,38 @@ async fn the_ring_command_changes_one_epoch_at_a_time() {
     assert!(shown.contains("every slot served by its owner"), "{shown}");
     let (ok, _, err) = ring(&keyspace, &["remove", "z"]);
     assert!(!ok && err.contains("node z is not in the ring"), "{err}");
+}
+
+/// Issue 37: a node dead for good that nothing took over, and that the
+/// current epoch waits for (it was to take slots), blocks every change;
+/// `ring remove NODE --force` takes it out, its slots released at once.
+#[tokio::test]
+async fn the_ring_command_removes_a_dead_node_by_force() {
+    let (keyspace, store) = fresh_keyspace("cli_force").await;
+    let (ok, _, err) = ring(&keyspace, &["add", "a", "127.0.0.1:50001"]);
+    assert!(ok, "{err}");
+    store.report("a", 1).await.unwrap();
+    let (ok, _, err) = ring(&keyspace, &["add", "b", "127.0.0.1:50002"]);
+    assert!(ok, "{err}");
+    // a let its slots go to b; b died before it served them.
+    store.report("a", 2).await.unwrap();
+
+    let (ok, _, err) = ring(&keyspace, &["remove", "b"]);
+    assert!(!ok && err.contains("b not serving"), "{err}");
+    let (ok, _, err) = ring(&keyspace, &["remove", "b", "--ignore-lease"]);
+    assert!(!ok && err.contains("--force"), "{err}");
+    let (ok, _, err) = ring(&keyspace, &["remove", "b", "--force"]);
+    assert!(!ok && err.contains("fleet_secret"), "{err}");
+    let secret = [("READSTATES_FLEET_SECRET", "the test fleet's own secret")];
+    let (ok, out, err) = ring_with(&keyspace, &["remove", "b", "--force"], &secret);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("epoch 3: b removed by force"), "{out}");
+
+    let record = store.load().await.unwrap();
+    assert!(record.ring.node("b").is_none(), "{:?}", record.ring);
+    assert!(record.released.contains("b"), "its slots released at once");
+    let (ok, _, err) = ring_with(&keyspace, &["remove", "b", "--force"], &secret);
+    assert!(!ok && err.contains("node b is not in the ring"), "{err}");
 }
 
 #[tokio::test]
