@@ -10,12 +10,21 @@
 #
 #   loadtest/backup.sh                                 5 pairs of 10 s runs
 #   PAIRS=7 WORKLOAD=loadtest/workloads/mixed.toml loadtest/backup.sh
+#   STREAM_BATCH=100 loadtest/backup.sh                the changes over STREAMS
+#                                        (4) Apply streams entering at n1 (it
+#                                        forwards n2's items), in batches of
+#                                        up to 100, closed loop at
+#                                        STREAM_CONCURRENCY (2 x batch x
+#                                        streams)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PAIRS="${PAIRS:-5}"
 DURATION="${DURATION:-10s}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/acks.toml}"
+STREAM_BATCH="${STREAM_BATCH:-0}"
+STREAMS="${STREAMS:-4}"
+STREAM_CONCURRENCY="${STREAM_CONCURRENCY:-$((2 * STREAM_BATCH * STREAMS))}"
 OUT=target/loadtest-backup
 
 source loadtest/lib.sh
@@ -50,8 +59,15 @@ measure() {
     local fleet_pids=()
     while [ "$1" != "--" ]; do fleet_pids+=("$1"); shift; done
     shift
+    local target="cluster://127.0.0.1:${prefix}1" stream=()
+    if [ "$STREAM_BATCH" -gt 0 ]; then
+        target="grpc://127.0.0.1:${prefix}1"
+        stream=(--stream-batch "$STREAM_BATCH" --streams "$STREAMS")
+        # The closed loop's depth; an open-loop run keeps the workload's.
+        [ "$2" = 0 ] && stream+=(--concurrency "$STREAM_CONCURRENCY")
+    fi
     before=$(cpu_ticks "${fleet_pids[@]}")
-    "$LT" run --workload "$WORKLOAD" --target "$name=cluster://127.0.0.1:${prefix}1" \
+    "$LT" run --workload "$WORKLOAD" --target "$name=$target" "${stream[@]}" \
         --duration "$DURATION" --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
     after=$(cpu_ticks "${fleet_pids[@]}")
     per_request "$OUT/$name.json" "$WORKLOAD" "$before" "$after"
