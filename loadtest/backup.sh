@@ -6,7 +6,8 @@
 # Each line gives each fleet's throughput and its nodes' CPU time per
 # request (from /proc/<pid>/stat, summed over the fleet's two nodes: the
 # backup's work lands on the other node); then one open-loop run each at
-# half the fleet without backups' median rate, for the p99.
+# half the fleet without backups' median rate, for the p99, and what the
+# backups then hold.
 #
 #   loadtest/backup.sh                                 5 pairs of 10 s runs
 #   PAIRS=7 WORKLOAD=loadtest/workloads/mixed.toml loadtest/backup.sh
@@ -105,6 +106,21 @@ median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int(
 half=$(python3 -c "print(int($(median "${rates[@]}") / 2))")
 read -r _ _ on_p99 < <(measure on 5030 "${on_pids[@]}" -- --rate "$half" --skip-preload)
 read -r _ _ off_p99 < <(measure off 5040 "${off_pids[@]}" -- --rate "$half" --skip-preload)
+# What the backups hold against what their senders have unwritten, right
+# after the open-loop run (the write delay is 30 s: its changes are all
+# unwritten). Held: journal frames as sent, until a trimmed segment drops
+# them, so also up to a segment's age (5 s) of changes written already.
+metric_sum() {
+    local name=$1
+    shift
+    for port in "$@"; do
+        curl -s "127.0.0.1:$port/metrics" | awk -v n="$name" '$1 == n { print $2 }'
+    done | awk '{ s += $1 } END { printf "%d", s }'
+}
+held=$(metric_sum readstates_backup_held_bytes 9301 9302)
+unwritten=$(metric_sum readstates_unwritten_read_states 9301 9302)
+echo "backup memory: $held bytes held for $unwritten unwritten read states" \
+    "($(python3 -c "print(f'{$held / max($unwritten, 1):.0f}')") bytes each)"
 echo "CPU per request with backups over without: median $(median "${ratios[@]}")x"
 echo "p99 at $half req/s (half the rate without backups): $on_p99 ms with backups, $off_p99 ms without"
 echo "load average after the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
