@@ -74,11 +74,13 @@ fn address(id: &str) -> String {
     format!("{id}:1")
 }
 
-/// Whether a node runs, and whether it reaches the ring store.
+/// Whether a node runs, whether it reaches the ring store, and whether it
+/// was killed.
 #[derive(Debug)]
 struct Reach {
     frozen: watch::Sender<bool>,
     cut: AtomicBool,
+    killed: CancellationToken,
 }
 
 impl Reach {
@@ -86,7 +88,21 @@ impl Reach {
         Arc::new(Reach {
             frozen: watch::Sender::new(false),
             cut: AtomicBool::new(false),
+            killed: CancellationToken::new(),
         })
+    }
+
+    /// `call` to this node, cut if it is killed meanwhile (its connections
+    /// reset).
+    async fn unless_killed<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, String>>,
+    ) -> Result<T, String> {
+        tokio::select! {
+            biased;
+            () = self.killed.cancelled() => Err("the node was killed".into()),
+            result = call => result,
+        }
     }
 
     /// Returns once the node runs.
@@ -211,13 +227,17 @@ impl Peers for SimPeers {
         from: &str,
     ) -> Result<(), String> {
         let (member, reach) = self.at(address)?;
-        reach.running().await;
-        let released = member.release_slots(epoch, slots).await;
-        reach.running().await;
+        let released = reach.unless_killed(async {
+            reach.running().await;
+            let released = member.release_slots(epoch, slots).await;
+            reach.running().await;
+            released.map_err(|e| e.to_string())
+        });
+        let released = released.await;
         if let Some(caller) = self.reach_of(from) {
             caller.running().await;
         }
-        released.map_err(|e| e.to_string())
+        released
     }
 
     async fn hand_over(
@@ -228,13 +248,27 @@ impl Peers for SimPeers {
     ) -> Result<usize, String> {
         let (member, reach) = self.at(address)?;
         reach.running().await;
-        let received = member.receive(handoff, parts.map(Ok).boxed()).await;
-        reach.running().await;
-        received.map_err(|e| e.to_string())
+        // A slow link: a handoff takes a while, and faults come meanwhile.
+        let parts = parts
+            .then(|part| async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(part)
+            })
+            .boxed();
+        // Served in a task of its own, as a server does: a sender killed
+        // midway ends its stream, and the receiver sees it end.
+        let receiving = tokio::spawn(async move { member.receive(handoff, parts).await });
+        let received = reach.unless_killed(async {
+            let received = receiving.await.map_err(|e| e.to_string())?;
+            reach.running().await;
+            received.map_err(|e| e.to_string())
+        });
+        received.await
     }
 }
 
-/// One node: its cache and write-behind, ring follower, lease and reach.
+/// One node: its cache and write-behind, ring follower, lease, backup's
+/// watch and reach.
 struct SimNode {
     id: &'static str,
     cache: Arc<Cache>,
@@ -242,20 +276,27 @@ struct SimNode {
     member: Member,
     reach: Arc<Reach>,
     ring: Arc<Reached>,
+    /// Its ring follower, lease holder and watch: what a kill stops.
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// What every node shares: the stores, the peers, the takeovers counted,
+/// and what ends the run.
+struct World {
+    store: Arc<MemoryStore>,
+    ring: Arc<MemoryRingStore>,
+    peers: Arc<SimPeers>,
+    /// Takeovers done, and given up.
+    taken: Arc<Mutex<(usize, usize)>>,
+    stop: CancellationToken,
 }
 
 impl SimNode {
-    fn start(
-        id: &'static str,
-        seed: u64,
-        store: &Arc<MemoryStore>,
-        ring: &Arc<MemoryRingStore>,
-        peers: &Arc<SimPeers>,
-        stop: &CancellationToken,
-    ) -> SimNode {
+    /// A node that just started (a new incarnation, with an empty cache).
+    fn start(id: &'static str, seed: u64, world: &World) -> Arc<SimNode> {
         let reach = Reach::new();
         let reached = Arc::new(Reached {
-            ring: ring.clone(),
+            ring: world.ring.clone(),
             reach: reach.clone(),
             rng: Mutex::new(fastrand::Rng::with_seed(seed)),
         });
@@ -263,11 +304,13 @@ impl SimNode {
             capacity: 1_000,
             shards: 2,
             write_delay: Duration::from_millis(500),
+            // Handoffs of many parts.
+            handoff_chunk: 4,
             ..CacheConfig::default()
         };
         let cache = Cache::with_ownership(
             config,
-            store.clone() as Arc<dyn Store>,
+            world.store.clone() as Arc<dyn Store>,
             Arc::new(Ownership::member()),
         );
         let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
@@ -275,33 +318,80 @@ impl SimNode {
             id.to_owned(),
             reached.clone(),
             cache.clone(),
-            peers.clone(),
+            world.peers.clone(),
             MemberConfig {
                 ring_poll: Duration::from_millis(100),
                 retry: Duration::from_millis(50),
             },
         );
-        peers
-            .nodes
-            .lock()
-            .unwrap()
-            .insert(address(id), (member.clone(), reach.clone()));
-        member.start(stop.clone());
+        (world.peers.nodes.lock().unwrap()).insert(address(id), (member.clone(), reach.clone()));
         let holder = Holder::new(
             reached.clone(),
             member.clone(),
             LeaseConfig::default(),
             BackupName::new(),
         );
-        tokio::spawn(holder.run(stop.clone()));
-        SimNode {
+        let tasks = vec![
+            member.start(world.stop.clone()),
+            tokio::spawn(holder.run(world.stop.clone())),
+        ];
+        let node = Arc::new(SimNode {
             id,
             cache,
             _write_behind: write_behind,
             member,
             reach,
             ring: reached,
+            tasks: Mutex::new(tasks),
+        });
+        let watching = watch_and_take_over(
+            node.clone(),
+            world.peers.clone(),
+            world.taken.clone(),
+            world.stop.clone(),
+        );
+        node.tasks.lock().unwrap().push(tokio::spawn(watching));
+        node
+    }
+
+    /// kill -9: nothing of it runs any more, nothing reaches it, and it
+    /// serves nothing (its lease is left to lapse).
+    fn kill(&self, peers: &SimPeers) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
         }
+        self.reach.killed.cancel();
+        let ownership = self.member.ownership();
+        ownership.lease(Some(tokio::time::Instant::now()));
+        for slot in 0..SLOTS as Slot {
+            ownership.set(slot, SlotState::NotOwner);
+        }
+        let mut nodes = peers.nodes.lock().unwrap();
+        if nodes
+            .get(&address(self.id))
+            .is_some_and(|(_, reach)| Arc::ptr_eq(reach, &self.reach))
+        {
+            nodes.remove(&address(self.id));
+        }
+    }
+}
+
+/// The three nodes, each replaced by a new incarnation when it restarts.
+struct Fleet {
+    nodes: Vec<Mutex<Arc<SimNode>>>,
+}
+
+impl Fleet {
+    fn all(&self) -> Vec<Arc<SimNode>> {
+        self.nodes
+            .iter()
+            .map(|n| n.lock().unwrap().clone())
+            .collect()
+    }
+
+    fn get(&self, id: &str) -> Arc<SimNode> {
+        let index = NODES.iter().position(|&n| n == id).expect("a node");
+        self.nodes[index].lock().unwrap().clone()
     }
 }
 
@@ -315,6 +405,9 @@ struct Ran {
     refused_on_waking: usize,
     freezes: usize,
     cuts: usize,
+    kills: usize,
+    /// Kills while slots moved (a handoff under way).
+    kills_mid_handoff: usize,
     takeovers: usize,
     takeovers_failed: usize,
 }
@@ -406,7 +499,7 @@ async fn watch_and_take_over(
 async fn client(
     client: u64,
     seed: u64,
-    nodes: Arc<Vec<Arc<SimNode>>>,
+    fleet: Arc<Fleet>,
     ring: Arc<MemoryRingStore>,
     ran: Arc<Mutex<Ran>>,
     stop: CancellationToken,
@@ -423,7 +516,7 @@ async fn client(
         let Some(owner) = record.ring.owner_of(user) else {
             continue;
         };
-        let node = nodes.iter().find(|n| n.id == owner.id).unwrap().clone();
+        let node = fleet.get(&owner.id);
         let queued = *node.reach.frozen.borrow();
         // Waits in the socket of a frozen node.
         node.reach.running().await;
@@ -435,7 +528,7 @@ async fn client(
             && let Some(previous) = record.previous.owner_of(user)
         {
             // The new owner forwards to the previous one (`grpc::route`).
-            let previous = nodes.iter().find(|n| n.id == previous.id).unwrap().clone();
+            let previous = fleet.get(&previous.id);
             previous.reach.running().await;
             result = ack(&previous, user, message_id).await;
         }
@@ -444,7 +537,7 @@ async fn client(
         match result {
             Ok(()) => {
                 ran.applied += 1;
-                check_slot(&nodes, slot_of(user));
+                check_slot(&fleet.all(), slot_of(user));
             }
             Err(Error::NotServed { .. } | Error::LeaseLapsed) => {
                 ran.refused_on_waking += usize::from(queued);
@@ -467,18 +560,24 @@ async fn ack(node: &SimNode, user: u64, message_id: u64) -> Result<(), Error> {
 
 async fn simulate(seed: u64) -> Ran {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let store = Arc::new(MemoryStore::new());
-    let ring = Arc::new(MemoryRingStore::default());
-    let peers = Arc::new(SimPeers::default());
-    let stop = CancellationToken::new();
-    let nodes: Arc<Vec<Arc<SimNode>>> = Arc::new(
-        (NODES.iter().enumerate())
-            .map(|(i, id)| {
-                let node_seed = seed * 7 + i as u64;
-                Arc::new(SimNode::start(id, node_seed, &store, &ring, &peers, &stop))
-            })
+    let world = World {
+        store: Arc::new(MemoryStore::new()),
+        ring: Arc::new(MemoryRingStore::default()),
+        peers: Arc::new(SimPeers::default()),
+        taken: Arc::new(Mutex::new((0, 0))),
+        stop: CancellationToken::new(),
+    };
+    let ring = world.ring.clone();
+    let mut incarnations = 0;
+    let mut next_seed = || {
+        incarnations += 1;
+        seed * 101 + incarnations
+    };
+    let fleet = Arc::new(Fleet {
+        nodes: (NODES.iter())
+            .map(|id| Mutex::new(SimNode::start(id, next_seed(), &world)))
             .collect(),
-    );
+    });
     for id in NODES {
         change(&ring, RingChange::Add(node(id))).await;
     }
@@ -488,95 +587,129 @@ async fn simulate(seed: u64) -> Ran {
         .expect("the fleet serves");
 
     let ran = Arc::new(Mutex::new(Ran::default()));
-    let takeovers = Arc::new(Mutex::new((0, 0)));
-    let mut tasks = Vec::new();
-    for node in nodes.iter() {
-        tasks.push(tokio::spawn(watch_and_take_over(
-            node.clone(),
-            peers.clone(),
-            takeovers.clone(),
-            stop.clone(),
-        )));
-    }
+    let mut clients = Vec::new();
     for c in 0..CLIENTS {
-        tasks.push(tokio::spawn(client(
+        clients.push(tokio::spawn(client(
             c,
             seed,
-            nodes.clone(),
+            fleet.clone(),
             ring.clone(),
             ran.clone(),
-            stop.clone(),
+            world.stop.clone(),
         )));
     }
     let checker = {
-        let (nodes, stop) = (nodes.clone(), stop.clone());
+        let (fleet, stop) = (fleet.clone(), world.stop.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                check_one_owner(&nodes);
+                check_one_owner(&fleet.all());
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
 
-    // One fault at a time: a freeze or a cut, past the lease and margin
-    // half the time; a node taken over rejoins once it holds its lease.
+    // One fault at a time: a freeze, a cut or a kill (and a restart a
+    // while later), past the lease and margin half the time; then the
+    // fleet heals.
     let started = tokio::time::Instant::now();
-    let (mut freezes, mut cuts) = (0, 0);
+    let (mut freezes, mut cuts, mut kills, mut kills_mid_handoff) = (0, 0, 0, 0);
     while started.elapsed() < CHAOS {
-        tokio::time::sleep(Duration::from_millis(500 + rng.u64(..2_000))).await;
-        let node = &nodes[rng.usize(..nodes.len())];
+        // Now and then while the last rejoin's handoffs are under way.
+        tokio::time::sleep(Duration::from_millis(rng.u64(..2_500) >> rng.u32(..4))).await;
+        let index = rng.usize(..NODES.len());
+        let node = fleet.nodes[index].lock().unwrap().clone();
         let lasting = if rng.bool() {
             Duration::from_millis(5_000 + rng.u64(..4_000))
         } else {
             Duration::from_millis(rng.u64(..4_000))
         };
-        if rng.bool() {
-            freezes += 1;
-            node.reach.frozen.send_replace(true);
-            tokio::time::sleep(lasting).await;
-            node.reach.frozen.send_replace(false);
-        } else {
-            cuts += 1;
-            node.reach.cut.store(true, Ordering::SeqCst);
-            tokio::time::sleep(lasting).await;
-            node.reach.cut.store(false, Ordering::SeqCst);
+        match rng.u8(..3) {
+            0 => {
+                freezes += 1;
+                node.reach.frozen.send_replace(true);
+                tokio::time::sleep(lasting).await;
+                node.reach.frozen.send_replace(false);
+            }
+            1 => {
+                cuts += 1;
+                node.reach.cut.store(true, Ordering::SeqCst);
+                tokio::time::sleep(lasting).await;
+                node.reach.cut.store(false, Ordering::SeqCst);
+            }
+            _ => {
+                kills += 1;
+                let moving = |n: &Arc<SimNode>| {
+                    (0..SLOTS as Slot).any(|slot| {
+                        let state = n.member.ownership().assigned(slot);
+                        matches!(state, SlotState::Acquiring | SlotState::Releasing)
+                    })
+                };
+                kills_mid_handoff += usize::from(fleet.all().iter().any(moving));
+                node.kill(&world.peers);
+                tokio::time::sleep(lasting).await;
+                let restarted = SimNode::start(NODES[index], next_seed(), &world);
+                *fleet.nodes[index].lock().unwrap() = restarted;
+            }
         }
-        // A takeover under way ends (or is given up) meanwhile.
-        tokio::time::sleep(LeaseConfig::default().lapse()).await;
-        rejoin(&nodes, &ring).await;
+        healed(&fleet, &ring, rng.bool()).await;
     }
-    stop.cancel();
-    for task in tasks {
-        task.await.expect("a task of the simulation");
+    world.stop.cancel();
+    for client in clients {
+        client.await.expect("a client");
     }
     checker.await.expect("no slot served twice");
     let mut ran = std::mem::take(&mut *ran.lock().unwrap());
-    ran.freezes = freezes;
-    ran.cuts = cuts;
-    (ran.takeovers, ran.takeovers_failed) = *takeovers.lock().unwrap();
+    (ran.freezes, ran.cuts, ran.kills) = (freezes, cuts, kills);
+    ran.kills_mid_handoff = kills_mid_handoff;
+    (ran.takeovers, ran.takeovers_failed) = *world.taken.lock().unwrap();
+    for node in fleet.all() {
+        let tasks: Vec<_> = node.tasks.lock().unwrap().drain(..).collect();
+        for task in tasks {
+            task.await.expect("a node's task");
+        }
+    }
     ran
 }
 
-/// Adds back every node taken over that holds its lease again, once the
-/// ring serves all its slots (as `--join-weight` has a node do).
-async fn rejoin(nodes: &[Arc<SimNode>], ring: &MemoryRingStore) {
-    for node in nodes {
+/// Waits until the fleet is whole again after a fault: the node taken
+/// over (if it was) back in the ring once it holds its lease again (as
+/// `--join-weight` has a node do), every node holding its lease, and,
+/// unless `moving` (the next fault then comes while slots move), the epoch
+/// served. One fault at a time: two at once are two nodes lost together,
+/// which `docs/failover.md` leaves to an operator.
+async fn healed(fleet: &Fleet, ring: &MemoryRingStore, moving: bool) {
+    let started = tokio::time::Instant::now();
+    loop {
         let record = ring.load().await.unwrap();
-        if record.ring.node(node.id).is_none() {
-            let started = tokio::time::Instant::now();
-            while !node.member.ownership().leased() {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "{} never took its lease again: {:?}, ring {:?}, progress {:?}",
-                    node.id,
-                    ring.lease(node.id).await,
-                    ring.load().await.unwrap(),
-                    ring.progress().await,
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            change(ring, RingChange::Add(self::node(node.id))).await;
+        let nodes = fleet.all();
+        let leased: Vec<bool> = nodes
+            .iter()
+            .map(|n| n.member.ownership().leased())
+            .collect();
+        let progress = ring.progress().await.unwrap();
+        let taking = nodes.iter().any(|n| record.ring.node(n.id).is_none());
+        if !taking
+            && leased.iter().all(|&l| l)
+            && (moving || record.waiting_on(&progress).is_empty())
+        {
+            return;
         }
+        for (node, &leased) in nodes.iter().zip(&leased) {
+            if leased && record.ring.node(node.id).is_none() {
+                change(ring, RingChange::Add(self::node(node.id))).await;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the fleet never healed: leases held {leased:?}, {record:?}, progress {progress:?}, \
+             lease records {:?}",
+            [
+                ring.lease("a").await,
+                ring.lease("b").await,
+                ring.lease("c").await
+            ],
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -635,6 +768,8 @@ fn no_slot_is_served_twice_through_freezes_cuts_and_takeovers() {
         total.refused_on_waking += ran.refused_on_waking;
         total.freezes += ran.freezes;
         total.cuts += ran.cuts;
+        total.kills += ran.kills;
+        total.kills_mid_handoff += ran.kills_mid_handoff;
         total.takeovers += ran.takeovers;
         total.takeovers_failed += ran.takeovers_failed;
     }
@@ -644,11 +779,14 @@ fn no_slot_is_served_twice_through_freezes_cuts_and_takeovers() {
         refused_on_waking,
         freezes,
         cuts,
+        kills,
+        kills_mid_handoff,
         takeovers,
         takeovers_failed,
     } = total;
     println!(
-        "failover simulation: {} seeds, {applied} acks applied, {freezes} freezes, {cuts} cuts, \
+        "failover simulation: {} seeds, {applied} acks applied, {freezes} freezes, {cuts} cuts, {kills} kills \
+         ({kills_mid_handoff} while slots moved), \
          {takeovers} takeovers ({takeovers_failed} given up, the store failing), {queued} requests waited in a frozen node's socket \
          ({refused_on_waking} refused when it woke), in {:.1?}",
         seeds.len(),
@@ -656,9 +794,9 @@ fn no_slot_is_served_twice_through_freezes_cuts_and_takeovers() {
     );
     if seeds.len() > 5 {
         assert!(
-            takeovers > 0 && refused_on_waking > 0 && applied > 1000,
-            "no takeover, or no request refused by a node that woke: the simulation tests nothing \
-             of them"
+            takeovers > 0 && refused_on_waking > 0 && kills_mid_handoff > 0 && applied > 1000,
+            "no takeover, no request refused by a node that woke, or no kill mid-handoff: the \
+             simulation tests nothing of them"
         );
     }
 }

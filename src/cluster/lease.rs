@@ -336,10 +336,37 @@ impl Holder {
                 },
             },
         };
+        if held.is_none() {
+            self.adopt_the_ring().await?;
+        }
         let mine = self.record(seen.as_ref().map_or(0, |seen| seen.renewals + 1), backup);
         let sent = Instant::now();
         let applied = store.swap_lease(self.node(), seen.as_ref(), &mine).await?;
         Ok(applied.then_some((mine, sent)))
+    }
+
+    /// Before the lease is taken (at start, or again after a revocation):
+    /// this node adopts the ring as it is now and lets go of the slots it
+    /// lost there, so that it serves nothing a takeover gave away while it
+    /// was down, once the lease is its own. Found by
+    /// `tests/failover_simulation.rs`: a node restarted after kill -9 took
+    /// back slots of the ring as it was, then its lease freed by the
+    /// takeover that had just given them to others, and served them beside
+    /// their new owners until its next read of the ring. The ring is read
+    /// after the lease record the take is made from: a takeover since
+    /// changed that record, and the take fails.
+    async fn adopt_the_ring(&self) -> Result<(), StoreError> {
+        let epoch = self.store.load().await?.ring.epoch();
+        self.member.catch_up(epoch, self.config.lapse()).await;
+        let adopted = self.member.ring().ring.epoch();
+        if adopted < epoch {
+            return Err(StoreError::new(
+                "ring",
+                format!("epoch {epoch} not adopted yet (at {adopted})"),
+            ));
+        }
+        self.member.releases_done(epoch).await;
+        Ok(())
     }
 
     fn record(&self, renewals: u64, backup: &str) -> LeaseRecord {
