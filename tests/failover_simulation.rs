@@ -47,7 +47,7 @@ use readstates::cache::{Cache, CacheConfig};
 use readstates::cluster::admin::{self, RingChange};
 use readstates::cluster::backup::backup_of;
 use readstates::cluster::handoff::{Handoff, Part};
-use readstates::cluster::lease::{self, BackupName, Holder, LeaseConfig, Seen};
+use readstates::cluster::lease::{self, BackupName, Holder, LeaseConfig, Seen, TAKEOVER_BY};
 use readstates::cluster::member::{Member, MemberConfig};
 use readstates::cluster::peers::Peers;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
@@ -454,7 +454,7 @@ async fn watch_and_take_over(
             continue;
         }
         let mut held = LeaseRecord {
-            holder: format!("takeover by {}", me.id),
+            holder: format!("{TAKEOVER_BY}{}", me.id),
             renewals: seen.renewals + 1,
             backup: seen.backup.clone(),
         };

@@ -11,9 +11,10 @@ use std::time::Duration;
 use readstates_routing::ring::NO_OWNER;
 use readstates_routing::{Node, RingError, Slot};
 
+use super::lease::TAKEOVER_BY;
 use super::lease::{self, LeaseConfig, Seen};
 use super::peers::Peers;
-use super::ring_store::{RingRecord, RingStore};
+use super::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
 use crate::store::StoreError;
 
 /// A change to the ring, each making a new epoch.
@@ -32,8 +33,9 @@ pub enum AdminError {
     Ring(#[from] RingError),
     #[error(
         "epoch {epoch} is still being handed over: {waiting} not serving all their slots yet. \
-         Try again once `readstates ring show` shows nobody waiting; if a previous owner is dead, \
-         `readstates ring release NODE --force`",
+         Try again once `readstates ring show` shows nobody waiting; if a node it waits on is dead \
+         for good, `readstates ring remove NODE --force` (or, if it left the ring already, \
+         `readstates ring release NODE --force`)",
         waiting = .waiting.join(", ")
     )]
     HandoffUnderWay { epoch: u64, waiting: Vec<String> },
@@ -63,6 +65,16 @@ pub enum AdminError {
          serve them until it sees its lease revoked)"
     )]
     LeaseLive { node: String, within: Duration },
+    #[error(
+        "{by} is taking {node} over (it holds {node}'s lease): wait for it (`readstates ring show`)"
+    )]
+    TakeoverUnderWay { node: String, by: String },
+    #[error(
+        "{node}'s lease names a copy of its unwritten changes held by {backup}, which renews its \
+         own lease: {backup} takes {node} over by itself, losing nothing. Wait for it \
+         (`readstates ring show`); `--ignore-lease` removes {node} anyway, losing that copy"
+    )]
+    CopyHeld { node: String, backup: String },
     #[error("epoch {epoch} not served after {after:?}: waiting on {waiting}", waiting = .waiting.join(", "))]
     StillWaiting {
         epoch: u64,
@@ -162,21 +174,8 @@ pub async fn fence(
     node: &str,
     lease: Option<LeaseConfig>,
 ) -> Result<(), AdminError> {
-    let seen = match lease {
-        Some(config) => match lease::watch(store, node, config).await? {
-            Seen::Free(_) => return Ok(()),
-            Seen::Live => {
-                return Err(AdminError::LeaseLive {
-                    node: node.to_owned(),
-                    within: config.lapse(),
-                });
-            }
-            Seen::Lapsed(seen) => seen,
-        },
-        None => match store.lease(node).await? {
-            Some(seen) if seen.held() => seen,
-            _ => return Ok(()),
-        },
+    let Some(seen) = lapsed(store, node, lease).await? else {
+        return Ok(());
     };
     match lease::revoke(store, node, &seen).await? {
         true => Ok(()),
@@ -188,24 +187,114 @@ pub async fn fence(
     }
 }
 
+/// `node`'s lease record once it may be taken: seen unrenewed for the
+/// lease and margin (with no `lease` settings, as it is now); `None` if
+/// nobody holds it. Refused while a takeover holds it, even with no
+/// `lease` settings: the takeover is writing the node's copy.
+async fn lapsed(
+    store: &dyn RingStore,
+    node: &str,
+    lease: Option<LeaseConfig>,
+) -> Result<Option<LeaseRecord>, AdminError> {
+    let taking = |record: &LeaseRecord| {
+        (record.holder.strip_prefix(TAKEOVER_BY)).map(|by| AdminError::TakeoverUnderWay {
+            node: node.to_owned(),
+            by: by.to_owned(),
+        })
+    };
+    match lease {
+        Some(config) => match lease::watch(store, node, config).await? {
+            Seen::Free(_) => Ok(None),
+            Seen::Lapsed(seen) => Ok(Some(seen)),
+            Seen::Live => match store.lease(node).await?.as_ref().and_then(taking) {
+                Some(taking) => Err(taking),
+                None => Err(AdminError::LeaseLive {
+                    node: node.to_owned(),
+                    within: config.lapse(),
+                }),
+            },
+        },
+        None => match store.lease(node).await? {
+            Some(seen) if seen.held() => match taking(&seen) {
+                Some(taking) => Err(taking),
+                None => Ok(Some(seen)),
+            },
+            _ => Ok(None),
+        },
+    }
+}
+
 /// Takes `node` out of the ring for good when nothing can take it over
 /// (`readstates ring remove NODE --force`): two nodes lost at once, one the
 /// other's backup, whose takeover gave slots to the other; a node whose
 /// lease named no backup; `--backup false`. A plain [`change`] would wait
-/// for it forever. Fences it ([`fence`], with `lease`), then does what a
-/// takeover does ([`take_over`]) without a copy: whatever it had not
-/// written is lost.
+/// for it forever. Whatever it had not written is lost.
+///
+/// As a takeover does (`cluster::backup::takeover`): once its lease is
+/// seen lapsed, takes it (so that the node, or a new start of it, serves
+/// nothing until this is done, then finds itself out of the ring), renews
+/// it while [`take_over`] gives its slots to the others, then frees it.
+/// Refused while the record names a copy held by a backup that renews its
+/// own lease (that backup takes the node over by itself, losing nothing),
+/// unless `lease` is `None` (`--ignore-lease`).
 pub async fn remove_dead(
     store: &dyn RingStore,
     peers: &dyn Peers,
     node: &str,
     lease: Option<LeaseConfig>,
 ) -> Result<RingRecord, AdminError> {
-    if store.load().await?.ring.node(node).is_none() {
-        return Err(RingError::UnknownNode(node.to_owned()).into());
+    let next = store.load().await?.ring.without(node)?;
+    if !next.owners().iter().any(|&o| o != NO_OWNER) {
+        return Err(AdminError::NoOwnerLeft);
     }
-    fence(store, node, lease).await?;
-    take_over(store, peers, "operator", node).await
+    let seen = lapsed(store, node, lease).await?;
+    let copy = (seen.as_ref()).and_then(|seen| seen.backup.split_once('/'));
+    if let (Some(config), Some((backup, _))) = (lease, copy)
+        && next.node(backup).is_some()
+        && let Seen::Live = lease::watch(store, backup, config).await?
+        // Not a takeover of the backup itself: it died too.
+        && !(store.lease(backup).await?).is_some_and(|b| b.holder.starts_with(TAKEOVER_BY))
+    {
+        return Err(AdminError::CopyHeld {
+            node: node.to_owned(),
+            backup: backup.to_owned(),
+        });
+    }
+    let mut held = LeaseRecord {
+        holder: format!("{TAKEOVER_BY}an operator"),
+        renewals: seen.as_ref().map_or(0, |seen| seen.renewals + 1),
+        backup: NO_BACKUP.to_owned(),
+    };
+    if !store.swap_lease(node, seen.as_ref(), &held).await? {
+        return Err(AdminError::LeaseLive {
+            node: node.to_owned(),
+            within: lease.map_or(Duration::ZERO, |config| config.lapse()),
+        });
+    }
+    let every = lease.unwrap_or_default().renew_every();
+    let renewing = async {
+        loop {
+            tokio::time::sleep(every).await;
+            let next = LeaseRecord {
+                renewals: held.renewals + 1,
+                ..held.clone()
+            };
+            if let Ok(true) = store.swap_lease(node, Some(&held), &next).await {
+                held = next;
+            }
+        }
+    };
+    let taken = tokio::select! {
+        taken = take_over(store, peers, "operator", node) => taken,
+        () = renewing => unreachable!("renews until the takeover is done"),
+    };
+    let free = LeaseRecord {
+        holder: String::new(),
+        renewals: held.renewals + 1,
+        backup: NO_BACKUP.to_owned(),
+    };
+    let _ = store.swap_lease(node, Some(&held), &free).await;
+    taken
 }
 
 /// Takes `dead` out of the ring without its release (its backup does, see
@@ -619,5 +708,106 @@ mod tests {
         let taken = tokio::time::timeout(Duration::from_secs(60), taking).await;
         assert!(peers.asked.lock().unwrap().is_empty());
         assert_eq!(taken.expect("not held up").unwrap().ring.epoch(), 5);
+    }
+
+    fn lease_of(holder: &str, backup: &str) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.to_owned(),
+            renewals: 0,
+            backup: backup.to_owned(),
+        }
+    }
+
+    /// Renews `node`'s lease record every quarter second until dropped.
+    fn renewing(store: &Arc<MemoryRingStore>, node: &str) -> tokio::task::JoinHandle<()> {
+        let (store, node) = (store.clone(), node.to_owned());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let seen = store.lease(&node).await.unwrap().unwrap();
+                let next = LeaseRecord {
+                    renewals: seen.renewals + 1,
+                    ..seen.clone()
+                };
+                store.swap_lease(&node, Some(&seen), &next).await.unwrap();
+            }
+        })
+    }
+
+    /// Found in review: `ring remove --force` revoked the dead node's lease,
+    /// then left it free while the takeover waited (here for x to let its
+    /// slots to d go), so that the node, waking or started again, could
+    /// take it and serve its slots beside their new owners. The lease is
+    /// held, and renewed, until the node is out of the ring.
+    #[tokio::test(start_paused = true)]
+    async fn removing_a_dead_node_holds_its_lease_until_it_is_out_of_the_ring() {
+        let (store, _) = x_draining_to_a_dead_d().await;
+        let record = lease_of("d's last start", NO_BACKUP);
+        assert!(store.swap_lease("d", None, &record).await.unwrap());
+        let peers = letting();
+        let removing = tokio::spawn({
+            let (store, peers) = (store.clone(), peers.clone());
+            async move { remove_dead(&*store, &*peers, "d", Some(LeaseConfig::default())).await }
+        });
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let held = store.lease("d").await.unwrap().unwrap();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let later = store.lease("d").await.unwrap().unwrap();
+        assert_eq!(held.holder, "takeover by an operator", "{held:?}");
+        assert!(later.renewals > held.renewals && later.held(), "{later:?}");
+        assert!(store.load().await.unwrap().ring.node("d").is_some());
+
+        peers.let_go.send_replace(true);
+        let removed = removing.await.unwrap().unwrap();
+        assert!(removed.ring.node("d").is_none() && removed.released.contains("d"));
+        assert!(!store.lease("d").await.unwrap().unwrap().held(), "freed");
+    }
+
+    /// Found in review: the operator could beat the backup holding a dead
+    /// node's copy to it, and that copy was never written. A record naming
+    /// a copy whose holder renews its own lease is left to that backup
+    /// (unless told to ignore leases).
+    #[tokio::test(start_paused = true)]
+    async fn removing_a_dead_node_leaves_it_to_the_live_backup_holding_its_copy() {
+        let (store, _) = x_draining_to_a_dead_d().await;
+        let dead = lease_of("d's last start", "a/its stream");
+        assert!(store.swap_lease("d", None, &dead).await.unwrap());
+        assert!(
+            store
+                .swap_lease("a", None, &lease_of("a", NO_BACKUP))
+                .await
+                .unwrap()
+        );
+        let _a_lives = renewing(&store, "a");
+        let peers = letting();
+        let refusing = remove_dead(&*store, &*peers, "d", Some(LeaseConfig::default()));
+        let refused = tokio::time::timeout(Duration::from_secs(30), refusing).await;
+        assert!(
+            matches!(&refused, Ok(Err(AdminError::CopyHeld { backup, .. })) if backup == "a"),
+            "{refused:?}"
+        );
+        assert!(store.load().await.unwrap().ring.node("d").is_some());
+        peers.let_go.send_replace(true);
+        let removed = remove_dead(&*store, &*peers, "d", None).await.unwrap();
+        assert!(removed.ring.node("d").is_none());
+    }
+
+    /// Found in review: `--ignore-lease` revoked a takeover's hold on the
+    /// lease, so the operator's epoch could come before the takeover wrote
+    /// the dead node's copy. A takeover's hold is never revoked.
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_under_way_is_never_fenced() {
+        let (store, _) = x_draining_to_a_dead_d().await;
+        let taking = lease_of("takeover by a", NO_BACKUP);
+        assert!(store.swap_lease("d", None, &taking).await.unwrap());
+        let _renewing = renewing(&store, "d");
+        for lease in [Some(LeaseConfig::default()), None] {
+            let fenced = fence(&*store, "d", lease).await;
+            assert!(
+                matches!(&fenced, Err(AdminError::TakeoverUnderWay { by, .. }) if by == "a"),
+                "{fenced:?}"
+            );
+        }
+        assert!(store.lease("d").await.unwrap().unwrap().held());
     }
 }

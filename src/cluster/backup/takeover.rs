@@ -30,7 +30,7 @@ use super::backup_of;
 use super::held::{Backups, Taken};
 use super::sightings::Sightings;
 use crate::cluster::admin;
-use crate::cluster::lease::LeaseConfig;
+use crate::cluster::lease::{LeaseConfig, TAKEOVER_BY};
 use crate::cluster::member::Member;
 use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
 use crate::metrics::TAKEOVERS;
@@ -148,14 +148,14 @@ impl Takeover {
                 named = %seen.backup,
                 "a node this one backed up is dead, but its lease names no copy this node holds: \
                  what it had unwritten is on its own disk; restart it in place (or `readstates ring \
-                 release --force` it, losing that)"
+                 remove NODE --force` it, losing that)"
             );
             return;
         }
         // Taken, not emptied: a new incarnation of the node waits until
         // the takeover is done (it then finds itself out of the ring).
         let mut held = LeaseRecord {
-            holder: format!("takeover by {}", self.member.id()),
+            holder: format!("{TAKEOVER_BY}{}", self.member.id()),
             renewals: seen.renewals + 1,
             backup: seen.backup.clone(),
         };
@@ -230,7 +230,7 @@ impl Takeover {
             }
             Err(e) => {
                 counter!(TAKEOVERS, "result" => "failed").increment(1);
-                tracing::error!(node, error = %e, "what it had unwritten is written, but its slots could not be given to others; `readstates ring remove` it");
+                tracing::error!(node, error = %e, "what it had unwritten is written, but its slots could not be given to others; `readstates ring remove NODE --force` it");
             }
         }
         let free = LeaseRecord {
