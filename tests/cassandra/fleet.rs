@@ -649,10 +649,14 @@ async fn two_nodes_lost_at_once_lose_only_what_both_held() {
         .filter(|&&(u, _)| owner(u) == "n2")
         .count();
     let elsewhere: Vec<_> = missing.iter().filter(|&&(u, _)| owner(u) != "n2").collect();
+    // Nothing counted twice, or lost, but for n2's users.
+    let counted = ledger.counted.iter().filter(|&(&u, _)| owner(u) != "n2");
+    let unanswered = check_counts(&store, counted, COUNTED_CHANNELS).await;
     println!(
         "two nodes lost: {acknowledged} acks acknowledged, {} missing (all of n2's users, whose \
-         backup died with it); n3 taken over {taken_over:?} after the kills, every slot served \
-         {served:?} after; {} requests failed in the end ({:?})",
+         backup died with it); {unanswered} unanswered counts elsewhere; n3 taken over \
+         {taken_over:?} after the kills, every slot served {served:?} after; {} requests failed \
+         in the end ({:?})",
         missing.len(),
         ledger.errors,
         ledger.first_error,
