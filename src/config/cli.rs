@@ -74,8 +74,9 @@ pub enum RingAction {
         /// had not written is lost.
         #[arg(long)]
         force: bool,
-        /// With `--force`: does not wait for its lease to lapse (only when
-        /// the node is known dead).
+        /// With `--force`: does not wait for its lease to lapse, nor leave
+        /// it to a live backup holding its copy (only when the node is
+        /// known dead and that copy is given up).
         #[arg(long, requires = "force")]
         ignore_lease: bool,
         #[command(flatten)]
