@@ -135,6 +135,11 @@ impl Takeover {
         };
         let written_ahead = written_ahead && write_ahead;
         let Some(seen) = seen else {
+            // Not this node's to take over: its lease was released or
+            // revoked (an operator gave its changes up), or the ring names
+            // another backup. Kept, the copy was watched again at once,
+            // over and over, and written ahead each time (found in review).
+            self.backups.ended(node, stream);
             return;
         };
         // Only the copy the record names holds every change the node

@@ -40,8 +40,9 @@ fn broken_copy(backups: &Backups, token: &str) -> u64 {
     stream
 }
 
-#[tokio::test(start_paused = true)]
-async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
+/// A ring of b and x, served; b's takeover of x (its backup), b holding
+/// its own lease, with no copy yet; and what stops b.
+async fn b_backs_up_x() -> (Arc<MemoryRingStore>, Takeover, CancellationToken) {
     let ring_store = Arc::new(MemoryRingStore::default());
     for (epoch, id) in [(1, "b"), (2, "x")] {
         let node = Node {
@@ -76,14 +77,20 @@ async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
     member.ownership().lease(None);
     member.catch_up(2, Duration::from_secs(5)).await;
     assert_eq!(backup_of(&member.ring().ring, "x").unwrap().id, "b");
-    let backups = Backups::new();
     let takeover = Takeover {
         member,
-        backups: backups.clone(),
+        backups: Backups::new(),
         ring_store: ring_store.clone(),
         store,
         lease: LEASE,
     };
+    (ring_store, takeover, stop)
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let backups = takeover.backups.clone();
     let running = tokio::spawn(takeover.run(stop.clone()));
 
     // x gave up this stream and answered on its journal alone since.
@@ -119,6 +126,44 @@ async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
     // Taken (then freed once done), not renewed by x.
     let lease = ring_store.lease("x").await.unwrap().unwrap();
     assert!(lease.renewals > named.renewals && lease.holder.is_empty());
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// Found in review: a broken copy whose node's lease an operator revoked
+/// (`ring release --force`, `ring remove --force --ignore-lease`) was
+/// watched again at once, over and over, and written ahead each time: a
+/// spin that wrote the whole copy to the store in a loop. It is dropped.
+/// On the real clock: the spin never lets a paused one advance.
+#[tokio::test]
+async fn a_copy_of_a_node_an_operator_gave_up_is_dropped() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let backups = takeover.backups.clone();
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    broken_copy(&backups, "b/x1/0");
+    // An operator revoked it.
+    let revoked = LeaseRecord {
+        holder: String::new(),
+        renewals: 2,
+        backup: named.backup.clone(),
+    };
+    assert!(
+        ring_store
+            .swap_lease("x", Some(&named), &revoked)
+            .await
+            .unwrap()
+    );
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while backups.held_for("x").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the copy is kept, watched over and over"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ring_store.lease("x").await.unwrap(), Some(revoked));
     stop.cancel();
     running.await.unwrap();
 }
