@@ -135,11 +135,7 @@ impl Takeover {
         };
         let written_ahead = written_ahead && write_ahead;
         let Some(seen) = seen else {
-            // Not this node's to take over: its lease was released or
-            // revoked (an operator gave its changes up), or the ring names
-            // another backup. Kept, the copy was watched again at once,
-            // over and over, and written ahead each time (found in review).
-            self.backups.ended(node, stream);
+            self.given_up(node, stream).await;
             return;
         };
         // Only the copy the record names holds every change the node
@@ -244,6 +240,27 @@ impl Takeover {
             backup: NO_BACKUP.to_owned(),
         };
         let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
+    }
+
+    /// `lapsed` said `node` is not this node's to take over: dropped once
+    /// the store says so too, nobody holding its lease and the ring not
+    /// naming this node its backup (an operator gave it up). Kept, such a
+    /// copy was watched again at once, over and over, and written ahead
+    /// each time (found in review); but a sighting or a ring view may be
+    /// stale (a node just started again holds its lease, a ring just made
+    /// names this node), and dropping a copy still needed loses what it
+    /// holds. So it is looked at again a poll later.
+    async fn given_up(&self, node: &str, stream: u64) {
+        let (lease, ring) = (self.ring_store.lease(node), self.ring_store.load());
+        if let (Ok(lease), Ok(ring)) = tokio::join!(lease, ring)
+            && !lease.is_some_and(|lease| lease.held())
+            && (ring.ring.node(node).is_none()
+                || backup_of(&ring.ring, node).is_none_or(|b| b.id != self.member.id()))
+        {
+            self.backups.ended(node, stream);
+            return;
+        }
+        tokio::time::sleep(POLL).await;
     }
 
     /// Tells every node of `record`'s ring to read it now, not at its next

@@ -130,11 +130,12 @@ async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
     running.await.unwrap();
 }
 
-/// Found in review: a broken copy whose node's lease an operator revoked
-/// (`ring release --force`, `ring remove --force --ignore-lease`) was
-/// watched again at once, over and over, and written ahead each time: a
-/// spin that wrote the whole copy to the store in a loop. It is dropped.
-/// On the real clock: the spin never lets a paused one advance.
+/// Found in review: a broken copy of a node an operator gave up (its lease
+/// revoked, then the node out of the ring: `ring remove --force
+/// --ignore-lease`) was watched again at once, over and over, and written
+/// ahead each time: a spin that wrote the whole copy to the store in a
+/// loop. It is dropped, once the store says both. On the real clock: the
+/// spin never lets a paused one advance.
 #[tokio::test]
 async fn a_copy_of_a_node_an_operator_gave_up_is_dropped() {
     let (ring_store, takeover, stop) = b_backs_up_x().await;
@@ -155,6 +156,15 @@ async fn a_copy_of_a_node_an_operator_gave_up_is_dropped() {
             .unwrap()
     );
     let running = tokio::spawn(takeover.run(stop.clone()));
+    // Kept while the ring still names b x's backup.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        backups.held_for("x").is_some(),
+        "dropped on the lease alone"
+    );
+    admin::change(&*ring_store, RingChange::Remove { node: "x".into() })
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while backups.held_for("x").is_some() {
         assert!(
