@@ -79,6 +79,34 @@ pub fn switch(channel_id: u64, counted_from: u64) -> SetChannelCountingRequest {
     }
 }
 
+/// The seeds a seeded test runs: the one the environment variable `one`
+/// names (a replay), or else `0..N`, N from `many` (default `count`).
+pub fn seeds(one: &str, many: &str, count: u64) -> Vec<u64> {
+    match std::env::var(one) {
+        Ok(seed) => vec![seed.parse().expect(one)],
+        Err(_) => {
+            let count = std::env::var(many).map_or(count, |n| n.parse().expect(many));
+            (0..count).collect()
+        }
+    }
+}
+
+/// Runs `simulate(seed)` on a current-thread runtime whose clock is paused
+/// (it advances whenever every task waits), under [`replayable`].
+pub fn run_paused<F: std::future::Future>(
+    what: &str,
+    replay: &str,
+    seed: u64,
+    simulate: impl FnOnce(u64) -> F,
+) -> F::Output {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    replayable(what, replay, seed, || runtime.block_on(simulate(seed)))
+}
+
 /// Runs one seed of a seeded test: on a panic, says which seed failed and
 /// how to replay it (`replay`, an environment variable), then panics on.
 pub fn replayable<T>(what: &str, replay: &str, seed: u64, run: impl FnOnce() -> T) -> T {

@@ -64,7 +64,7 @@ use readstates::ownership::{Ownership, SlotState};
 use readstates::read_state::Key;
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, StoreError};
-use readstates::test_support::replayable;
+use readstates::test_support::{run_paused, seeds};
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
 use readstates_routing::{Node, SLOTS, Slot, slot_of};
 use tokio::sync::watch;
@@ -758,28 +758,14 @@ async fn change(ring: &MemoryRingStore, ring_change: RingChange) {
 
 #[test]
 fn no_slot_is_served_twice_through_freezes_cuts_and_takeovers() {
-    let seeds: Vec<u64> = match std::env::var("FAILOVER_SEED") {
-        Ok(seed) => vec![seed.parse().expect("FAILOVER_SEED")],
-        Err(_) => {
-            let count =
-                std::env::var("FAILOVER_SEEDS").map_or(12, |n| n.parse().expect("FAILOVER_SEEDS"));
-            (0..count).collect()
-        }
-    };
+    let seeds = seeds("FAILOVER_SEED", "FAILOVER_SEEDS", 12);
     if std::env::var("FAILOVER_LOG").is_ok() {
         tracing_subscriber::fmt().with_env_filter("info").init();
     }
     let started = std::time::Instant::now();
     let mut total = Ran::default();
     for &seed in &seeds {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let ran = replayable("failover simulation", "FAILOVER_SEED", seed, || {
-            runtime.block_on(simulate(seed))
-        });
+        let ran = run_paused("failover simulation", "FAILOVER_SEED", seed, simulate);
         total.applied += ran.applied;
         total.queued += ran.queued;
         total.refused_on_waking += ran.refused_on_waking;

@@ -58,7 +58,7 @@ use readstates::read_state::threads::Replied;
 use readstates::read_state::{Key, Kind, NoChannels};
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
-use readstates::test_support::replayable;
+use readstates::test_support::{run_paused, seeds};
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
 use readstates_routing::{Node, SLOTS, Slot};
 use tokio_util::sync::CancellationToken;
@@ -1049,25 +1049,11 @@ fn check_one_owner(nodes: &[Mutex<SimNode>]) {
 
 #[test]
 fn ring_changes_under_load_and_faults_lose_nothing_and_serve_each_user_once() {
-    let seeds: Vec<u64> = match std::env::var("FLEET_SEED") {
-        Ok(seed) => vec![seed.parse().expect("FLEET_SEED")],
-        Err(_) => {
-            let count =
-                std::env::var("FLEET_SEEDS").map_or(60, |n| n.parse().expect("FLEET_SEEDS"));
-            (0..count).collect()
-        }
-    };
+    let seeds = seeds("FLEET_SEED", "FLEET_SEEDS", 60);
     let started = std::time::Instant::now();
     let mut total = Ran::default();
     for &seed in &seeds {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let ran = replayable("fleet simulation", "FLEET_SEED", seed, || {
-            runtime.block_on(simulate(seed))
-        });
+        let ran = run_paused("fleet simulation", "FLEET_SEED", seed, simulate);
         total.operations += ran.operations;
         total.channel_moves += ran.channel_moves;
         total.taken += ran.taken;

@@ -53,7 +53,7 @@ use readstates::proto::*;
 use readstates::store::Store;
 use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
-use readstates::test_support::replayable;
+use readstates::test_support::{run_paused, seeds};
 use readstates::write_behind::{WriteBehind, WriteBehindConfig};
 use std::convert::Infallible;
 
@@ -1516,25 +1516,11 @@ async fn simulate(seed: u64) -> Outcome {
 
 #[test]
 fn random_operations_faults_and_restarts_lose_nothing_and_count_nothing_twice() {
-    let seeds: Vec<u64> = match std::env::var("SIMULATION_SEED") {
-        Ok(seed) => vec![seed.parse().expect("SIMULATION_SEED")],
-        Err(_) => {
-            let count = std::env::var("SIMULATION_SEEDS")
-                .map_or(3_000, |n| n.parse().expect("SIMULATION_SEEDS"));
-            (0..count).collect()
-        }
-    };
+    let seeds = seeds("SIMULATION_SEED", "SIMULATION_SEEDS", 3_000);
     let started = std::time::Instant::now();
     let mut total = Outcome::default();
     for &seed in &seeds {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let outcome = replayable("simulation", "SIMULATION_SEED", seed, || {
-            runtime.block_on(simulate(seed))
-        });
+        let outcome = run_paused("simulation", "SIMULATION_SEED", seed, simulate);
         total.operations += outcome.operations;
         total.streamed += outcome.streamed;
         total.unanswered += outcome.unanswered;
