@@ -265,6 +265,22 @@ impl Fleet {
         assert!(missing.is_empty(), "acknowledged acks lost: {missing:?}");
     }
 
+    /// After the nodes at `lost` were killed for good: the takeovers the
+    /// others made, then the others stopped (SIGTERM: each writes
+    /// everything), and the store to check.
+    async fn stop_after_losing(&mut self, lost: &[usize]) -> (f64, CassandraStore) {
+        for &index in lost {
+            drop(self.servers[index].take());
+        }
+        let takeovers = self
+            .metric("readstates_takeovers_total{result=\"done\"}")
+            .await;
+        for server in self.servers.iter_mut().filter_map(Option::take) {
+            let _ = tokio::task::block_in_place(|| server.terminate());
+        }
+        (takeovers, self.store().await)
+    }
+
     async fn store(&self) -> CassandraStore {
         let mut config = config(&nodes());
         config.keyspace = self.keyspace.clone();
@@ -560,14 +576,7 @@ async fn a_lost_node_loses_nothing_and_its_users_are_served_elsewhere_within_sec
     };
     let routes = fleet.routes().await;
     let (ledger, taken_over) = tokio::join!(load(routes, first, stop.clone()), lose);
-    drop(fleet.servers[1].take());
-    let takeovers = fleet
-        .metric("readstates_takeovers_total{result=\"done\"}")
-        .await;
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        let _ = tokio::task::block_in_place(|| server.terminate());
-    }
-    let store = fleet.store().await;
+    let (takeovers, store) = fleet.stop_after_losing(&[1]).await;
     let (acknowledged, missing) = missing_acks(&store, &ledger).await;
     let unanswered = check_counts(&store, &ledger.counted, COUNTED_CHANNELS).await;
     println!(
@@ -632,15 +641,7 @@ async fn two_nodes_lost_at_once_lose_only_what_both_held() {
     };
     let routes = fleet.routes().await;
     let (ledger, (taken_over, served)) = tokio::join!(load(routes, first, stop.clone()), lose);
-    drop(fleet.servers[1].take());
-    drop(fleet.servers[2].take());
-    let takeovers = fleet
-        .metric("readstates_takeovers_total{result=\"done\"}")
-        .await;
-    for server in fleet.servers.iter_mut().filter_map(Option::take) {
-        let _ = tokio::task::block_in_place(|| server.terminate());
-    }
-    let store = fleet.store().await;
+    let (takeovers, store) = fleet.stop_after_losing(&[1, 2]).await;
     let (acknowledged, missing) = missing_acks(&store, &ledger).await;
     let owner = |user: u64| owners.owner_of(user).unwrap().id.clone();
     let of_n2 = ledger
