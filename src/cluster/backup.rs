@@ -6,7 +6,7 @@
 //! backup holds it ([`mirror`], the sending side, a
 //! [`crate::journal::Replica`]). The backup collapses what it receives per
 //! user and per channel, newest version wins, and drops what the sender
-//! reports written ([`held`]); its memory is the sender's write-behind
+//! reports written ([`receive`], [`held`]); its memory is the sender's write-behind
 //! queue, not its cache. When a backup attaches, the sender journals all
 //! it has unwritten again, so the backup is complete once it holds up to
 //! there. Should the stream break and the sender's lease lapse, the backup
@@ -14,6 +14,7 @@
 
 pub mod held;
 pub mod mirror;
+pub mod receive;
 pub mod sightings;
 pub mod takeover;
 

@@ -14,14 +14,16 @@ use futures::stream::BoxStream;
 use readstates_routing::Slot;
 use readstates_routing::apply::{Applier, MAX_BATCH};
 use readstates_routing::client::{KEEPALIVE_EVERY, KEEPALIVE_TIMEOUT};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
 use super::credential::FleetCredential;
 use super::handoff::{self, Handoff, Part};
 use crate::proto::fleet_client::FleetClient;
-use crate::proto::{HandOverRequest, ReleaseSlotsRequest};
+use crate::proto::{HandOverRequest, MirrorRequest, MirrorResponse, ReleaseSlotsRequest};
 use crate::tls::{Tls, connector};
 
 /// How long one `ReleaseSlots` call may take: the old owner answers once
@@ -53,7 +55,24 @@ pub trait Peers: Send + Sync + std::fmt::Debug {
         handoff: Handoff,
         parts: BoxStream<'static, Part>,
     ) -> Result<usize, String>;
+
+    /// Opens this node's backup stream (`Fleet.Mirror`) to the node at
+    /// `address`: `requests` go to it (a queue: what tonic's streaming
+    /// client takes from inside a `Send` future), how far it holds them
+    /// comes back. A peer that holds no copies (an older build) refuses it.
+    async fn mirror(
+        &self,
+        address: &str,
+        requests: mpsc::Receiver<MirrorRequest>,
+        from: &str,
+    ) -> Result<Mirrored, Status> {
+        let _ = (address, requests, from);
+        Err(Status::unimplemented("this peer holds no backups"))
+    }
 }
+
+/// What a backup answers on a `Mirror` stream.
+pub type Mirrored = BoxStream<'static, Result<MirrorResponse, Status>>;
 
 /// Peers over gRPC.
 #[derive(Debug)]
@@ -201,7 +220,7 @@ impl Peers for GrpcPeers {
         let channel = self.connect(address)?;
         // Fed from a task: a channel's stream is what tonic's streaming
         // client is known to accept from inside a `Send` future.
-        let (send, requests) = tokio::sync::mpsc::channel(2);
+        let (send, requests) = mpsc::channel(2);
         tokio::spawn(async move {
             let mut parts = parts;
             let mut first = Some(handoff);
@@ -216,6 +235,16 @@ impl Peers for GrpcPeers {
             .await
             .map_err(|status| format!("{address}: {}: {}", status.code(), status.message()))
     }
+
+    async fn mirror(
+        &self,
+        address: &str,
+        requests: mpsc::Receiver<MirrorRequest>,
+        _from: &str,
+    ) -> Result<Mirrored, Status> {
+        let channel = self.channel(address).map_err(Status::unavailable)?;
+        call_mirror(channel, self.request(ReceiverStream::new(requests))).await
+    }
 }
 
 /// One `HandOver` call.
@@ -227,4 +256,13 @@ async fn call_hand_over(
     // `Member::hand_over`), since a large handoff takes a while.
     let response = FleetClient::new(channel).hand_over(requests).await?;
     Ok(response.into_inner().users_installed as usize)
+}
+
+/// One `Mirror` call.
+async fn call_mirror(
+    channel: Channel,
+    requests: tonic::Request<ReceiverStream<MirrorRequest>>,
+) -> Result<Mirrored, Status> {
+    let responses = FleetClient::new(channel).mirror(requests).await?;
+    Ok(responses.into_inner().boxed())
 }

@@ -5,7 +5,8 @@
 //! written. A stream its sender ends lets go of what it held
 //! (the sender chose another backup, or stopped having written
 //! everything); a stream that breaks keeps it, for a takeover should the
-//! sender be dead ([`super::takeover`]).
+//! sender be dead ([`super::takeover`]). So does one whose sender started
+//! again: the new incarnation's stream does not replace it.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,7 +19,7 @@ use crate::journal::replay::Collapsing;
 use crate::metrics::{BACKUP_HELD_BYTES, BACKUP_STREAMS};
 use crate::store::UserWrite;
 
-/// What this node holds for others, by sending node.
+/// What this node holds for others, by stream.
 #[derive(Debug, Default)]
 pub struct Backups {
     nodes: Mutex<Nodes>,
@@ -26,15 +27,28 @@ pub struct Backups {
 
 #[derive(Debug, Default)]
 struct Nodes {
-    by_id: HashMap<String, Held>,
+    /// By the number of the stream that brought it.
+    copies: HashMap<u64, Held>,
     /// Numbers the streams, so that a stream replaced by a newer one from
     /// the same node changes nothing.
     streams: u64,
 }
 
+impl Nodes {
+    fn get(&self, node: &str, stream: u64) -> Option<&Held> {
+        self.copies.get(&stream).filter(|h| h.node == node)
+    }
+
+    fn get_mut(&mut self, node: &str, stream: u64) -> Option<&mut Held> {
+        self.copies.get_mut(&stream).filter(|h| h.node == node)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Held {
-    stream: u64,
+    /// The sending node, and which start of it.
+    node: String,
+    incarnation: String,
     /// The sender's name for the stream: a takeover with this copy needs
     /// the sender's lease record to name it.
     token: String,
@@ -68,17 +82,28 @@ impl Backups {
         Arc::new(Backups::default())
     }
 
-    /// A stream from `node`, named `token` by it, opens: it replaces what
-    /// an earlier one held (the sender journals all it has unwritten
-    /// again). Returns its number.
-    pub fn open(&self, node: &str, token: &str) -> u64 {
+    /// A stream from `node`'s `incarnation`, named `token` by it, opens.
+    /// It replaces what an earlier stream of that incarnation held (the
+    /// sender journals all it has unwritten again). An earlier
+    /// incarnation's complete copy stays, broken: its sender is dead (the
+    /// node started again), and that copy may be all there is of what it
+    /// answered (found by the failover simulation: a node that lost its
+    /// disk and started at once had its new stream empty the copy its
+    /// lease named). Returns the stream's number.
+    pub fn open(&self, node: &str, incarnation: &str, token: &str) -> u64 {
         let mut nodes = self.lock();
+        (nodes.copies)
+            .retain(|_, h| h.node != node || (h.incarnation != incarnation && h.complete()));
+        for held in nodes.copies.values_mut().filter(|h| h.node == node) {
+            held.broken = true;
+        }
         nodes.streams += 1;
         let stream = nodes.streams;
-        nodes.by_id.insert(
-            node.to_owned(),
+        nodes.copies.insert(
+            stream,
             Held {
-                stream,
+                node: node.to_owned(),
+                incarnation: incarnation.to_owned(),
                 token: token.to_owned(),
                 ..Held::default()
             },
@@ -100,7 +125,7 @@ impl Backups {
             at += len;
         }
         let mut nodes = self.lock();
-        let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
+        let Some(held) = nodes.get_mut(node, stream) else {
             return Err("replaced by a newer stream from the same node".into());
         };
         held.bytes += frames.len();
@@ -115,7 +140,7 @@ impl Backups {
     /// What `node` appended up to `through` is in its store: dropped here.
     pub fn trimmed(&self, node: &str, stream: u64, through: u64) {
         let mut nodes = self.lock();
-        let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) else {
+        let Some(held) = nodes.get_mut(node, stream) else {
             return;
         };
         while let Some((end, frames)) = held.batches.front() {
@@ -132,7 +157,7 @@ impl Backups {
     /// `node` holds everything unwritten once this node holds up to `at`.
     pub fn complete_at(&self, node: &str, stream: u64, at: u64) {
         let mut nodes = self.lock();
-        if let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) {
+        if let Some(held) = nodes.get_mut(node, stream) {
             held.complete_at = Some(at);
         }
     }
@@ -140,8 +165,8 @@ impl Backups {
     /// The sender ended the stream: it needs nothing held any more.
     pub fn ended(&self, node: &str, stream: u64) {
         let mut nodes = self.lock();
-        if nodes.by_id.get(node).is_some_and(|h| h.stream == stream) {
-            nodes.by_id.remove(node);
+        if nodes.get(node, stream).is_some() {
+            nodes.copies.remove(&stream);
         }
         drop(nodes);
         self.report();
@@ -150,7 +175,7 @@ impl Backups {
     /// The stream broke: what it brought is kept, in case `node` is dead.
     pub fn broke(&self, node: &str, stream: u64) {
         let mut nodes = self.lock();
-        if let Some(held) = nodes.by_id.get_mut(node).filter(|h| h.stream == stream) {
+        if let Some(held) = nodes.get_mut(node, stream) {
             held.broken = true;
         }
     }
@@ -158,41 +183,41 @@ impl Backups {
     /// Nodes whose stream broke after this node held all they had
     /// unwritten, with the number of the stream: each may be dead.
     pub fn broken(&self) -> Vec<(String, u64)> {
-        (self.lock().by_id.iter())
+        (self.lock().copies.iter())
             .filter(|(_, held)| held.broken && held.complete())
-            .map(|(node, held)| (node.clone(), held.stream))
+            .map(|(&stream, held)| (held.node.clone(), stream))
             .collect()
     }
 
     /// Every copy that holds all its node had unwritten, with the number
     /// of its stream and whether that broke.
     pub fn complete(&self) -> Vec<(String, u64, bool)> {
-        (self.lock().by_id.iter())
+        (self.lock().copies.iter())
             .filter(|(_, held)| held.complete())
-            .map(|(node, held)| (node.clone(), held.stream, held.broken))
+            .map(|(&stream, held)| (held.node.clone(), stream, held.broken))
             .collect()
     }
 
     /// The nodes held for.
     pub fn nodes(&self) -> Vec<String> {
-        self.lock().by_id.keys().cloned().collect()
+        let nodes = self.lock();
+        let ids: std::collections::BTreeSet<&String> =
+            nodes.copies.values().map(|h| &h.node).collect();
+        ids.into_iter().cloned().collect()
     }
 
     /// The sender's name for stream `stream` of `node`, while held.
     pub fn token(&self, node: &str, stream: u64) -> Option<String> {
         let nodes = self.lock();
-        let held = nodes.by_id.get(node).filter(|h| h.stream == stream)?;
-        Some(held.token.clone())
+        Some(nodes.get(node, stream)?.token.clone())
     }
 
     /// Takes what stream `stream` of `node` brought, unless a newer stream
     /// replaced it: the node is dead, and this node writes it.
     pub fn take(&self, node: &str, stream: u64) -> Option<Taken> {
         let mut nodes = self.lock();
-        if nodes.by_id.get(node).is_none_or(|h| h.stream != stream) {
-            return None;
-        }
-        let held = nodes.by_id.remove(node)?;
+        nodes.get(node, stream)?;
+        let held = nodes.copies.remove(&stream)?;
         drop(nodes);
         self.report();
         Some(decode(node, &held.batches))
@@ -204,25 +229,26 @@ impl Backups {
     pub fn copy(&self, node: &str, stream: u64) -> Option<Taken> {
         let batches = {
             let nodes = self.lock();
-            let held = nodes.by_id.get(node).filter(|h| h.stream == stream)?;
-            held.batches.clone()
+            nodes.get(node, stream)?.batches.clone()
         };
         Some(decode(node, &batches))
     }
 
-    /// The batches and bytes held for `node`, and whether all it had
-    /// unwritten (for tests and the log).
+    /// The batches and bytes held for `node` by its latest stream, and
+    /// whether all it had unwritten (for tests and the log).
     pub fn held_for(&self, node: &str) -> Option<(usize, usize, bool)> {
         let nodes = self.lock();
-        let held = nodes.by_id.get(node)?;
+        let (_, held) = (nodes.copies.iter())
+            .filter(|(_, h)| h.node == node)
+            .max_by_key(|(stream, _)| **stream)?;
         Some((held.batches.len(), held.bytes, held.complete()))
     }
 
     fn report(&self) {
         let nodes = self.lock();
-        let bytes: usize = nodes.by_id.values().map(|h| h.bytes).sum();
+        let bytes: usize = nodes.copies.values().map(|h| h.bytes).sum();
         gauge!(BACKUP_HELD_BYTES).set(bytes as f64);
-        gauge!(BACKUP_STREAMS).set(nodes.by_id.len() as f64);
+        gauge!(BACKUP_STREAMS).set(nodes.copies.len() as f64);
     }
 
     fn lock(&self) -> MutexGuard<'_, Nodes> {
@@ -259,4 +285,4 @@ fn decode(node: &str, batches: &VecDeque<(u64, Vec<u8>)>) -> Taken {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -29,7 +29,6 @@ use metrics::{counter, gauge};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
@@ -37,11 +36,10 @@ use super::{FORMAT, backup_of};
 use crate::cache::Cache;
 use crate::cluster::lease::{BackupName, incarnation};
 use crate::cluster::member::Member;
-use crate::cluster::peers::GrpcPeers;
+use crate::cluster::peers::Peers;
 use crate::cluster::ring_store::NO_BACKUP;
 use crate::journal::{Journal, Replica, record};
 use crate::metrics::{BACKUP_ATTACHED, BACKUP_DETACHED};
-use crate::proto::fleet_client::FleetClient;
 use crate::proto::mirror_request::Part;
 use crate::proto::{MirrorBatch, MirrorRequest, MirrorStart};
 
@@ -50,7 +48,7 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How long a stopping node waits for its lease to name no backup.
 const STOPPING: Duration = Duration::from_secs(5);
 /// How often the stream looks whether the ring names another backup, and
-/// tells the backup it lives (see `grpc::mirror::SILENCE`).
+/// tells the backup it lives (see `super::receive::SILENCE`).
 const RING_CHECK: Duration = Duration::from_millis(500);
 /// How long a backup may leave batches unanswered before it is given up
 /// (taken for frozen): changes wait for it meanwhile.
@@ -181,7 +179,7 @@ impl Mirror {
     pub async fn run(
         self: Arc<Self>,
         member: Member,
-        peers: Arc<GrpcPeers>,
+        peers: Arc<dyn Peers>,
         stop: CancellationToken,
     ) {
         tokio::select! {
@@ -197,7 +195,7 @@ impl Mirror {
 
     /// Opens streams to the backup as the ring names it, one after the
     /// other, until `stop`.
-    async fn streams(&self, member: Member, peers: Arc<GrpcPeers>, stop: CancellationToken) {
+    async fn streams(&self, member: Member, peers: Arc<dyn Peers>, stop: CancellationToken) {
         let incarnation = incarnation();
         loop {
             let ring = member.ring();
@@ -207,7 +205,7 @@ impl Mirror {
                 Some(backup) => {
                     let to = Stream {
                         member: &member,
-                        peers: &peers,
+                        peers: &*peers,
                         backup: &backup,
                         incarnation: &incarnation,
                     };
@@ -259,7 +257,6 @@ impl Mirror {
 
     /// One stream: `Ok` once the ring names another backup.
     async fn stream(&self, to: Stream<'_>) -> Result<(), Ended> {
-        let channel = (to.peers.channel(&to.backup.address)).map_err(Ended::Broke)?;
         let token = format!(
             "{}/{}/{}",
             to.backup.id,
@@ -274,12 +271,12 @@ impl Mirror {
                 token: token.clone(),
             })),
         };
-        let (outbox, queued) = queue();
-        let requests = tokio_stream::once(start).chain(ReceiverStream::new(queued));
+        let (outbox, requests) = queue();
+        (outbox.try_send(start)).map_err(|e| Ended::Broke(e.to_string()))?;
         // Open before anything is journaled again for it: a backup that
         // cannot be reached costs nothing.
-        let mut responses = FleetClient::new(channel)
-            .mirror(to.peers.request(requests))
+        let mut responses = (to.peers)
+            .mirror(&to.backup.address, requests, to.member.id())
             .await
             .map_err(|s| {
                 let refused = matches!(s.code(), Code::Unimplemented | Code::FailedPrecondition);
@@ -289,8 +286,7 @@ impl Mirror {
                 } else {
                     Ended::Broke(why)
                 }
-            })?
-            .into_inner();
+            })?;
         self.attach(to.member.cache(), &token, outbox)
             .map_err(Ended::Broke)?;
         tracing::info!(backup = %to.backup.id, "backup stream open");
@@ -487,7 +483,7 @@ enum Ended {
 #[derive(Clone, Copy)]
 struct Stream<'a> {
     member: &'a Member,
-    peers: &'a GrpcPeers,
+    peers: &'a dyn Peers,
     backup: &'a readstates_routing::Node,
     incarnation: &'a str,
 }

@@ -112,6 +112,11 @@ impl Sightings {
         }
     }
 
+    /// `node`'s lease record as last read (`None` if never read).
+    pub fn record(&self, node: &str) -> Option<Option<LeaseRecord>> {
+        Some(self.lock().get(node)?.record.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Sighting>> {
         self.by_node.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -137,7 +142,7 @@ mod tests {
     async fn a_lease_is_seen_lapsed_only_a_lapse_after_its_last_renewal() {
         let store = Arc::new(MemoryRingStore::default());
         let backups = Backups::new();
-        let stream = backups.open("x", "t");
+        let stream = backups.open("x", "i1", "t");
         let sightings = Arc::new(Sightings::default());
         let stop = CancellationToken::new();
         let tracking = tokio::spawn({

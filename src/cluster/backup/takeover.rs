@@ -111,14 +111,11 @@ impl Takeover {
         let Some(token) = self.backups.token(node, stream) else {
             return;
         };
-        // Written ahead only by the node's backup as the ring names it (a
-        // copy left from before a ring change is not its to write).
-        let named =
-            backup_of(&self.member.ring().ring, node).is_some_and(|b| b.id == self.member.id());
+        // A broken stream's copy is written ahead, whichever backup the
+        // ring names now: the lease, not the ring, says which copy holds
+        // all the node answered, and a write loses to any newer version.
         let broke = self.backups.broken().contains(&(node.to_owned(), stream));
-        let ahead = (named && broke)
-            .then(|| self.backups.copy(node, stream))
-            .flatten();
+        let ahead = broke.then(|| self.backups.copy(node, stream)).flatten();
         let write_ahead = ahead.is_some();
         let mut writing = std::pin::pin!(async {
             if let Some(copy) = ahead {
@@ -126,22 +123,41 @@ impl Takeover {
             }
         });
         let mut written_ahead = false;
-        let mut lapsed = std::pin::pin!(self.lapsed(node, stream, sightings));
+        let mut lapsed = std::pin::pin!(self.lapsed(node, stream, &token, sightings));
         let seen = loop {
             tokio::select! {
                 seen = &mut lapsed => break seen,
                 () = &mut writing, if !written_ahead => written_ahead = true,
             }
         };
-        let written_ahead = written_ahead && write_ahead;
         let Some(seen) = seen else {
-            self.given_up(node, stream).await;
+            if !named_elsewhere(sightings, node, &token) {
+                self.given_up(node, stream).await;
+            } else if broke {
+                // Never to be named again: the node, live, named another
+                // copy (or none), or a new incarnation of it holds the
+                // lease (see `Backups::open`). In the store first: it may
+                // be all there is of what a dead incarnation answered.
+                if !written_ahead {
+                    writing.await;
+                }
+                self.backups.ended(node, stream);
+            } else {
+                // An open stream (its sender may be naming it just now):
+                // looked at again later.
+                tokio::time::sleep(POLL).await;
+            }
             return;
         };
+        let written_ahead = written_ahead && write_ahead;
         // Only the copy the record names holds every change the node
         // answered: it names another stream, or none (it answered on its
         // journal alone since). Empty: a sender before names were recorded.
         if !seen.backup.is_empty() && seen.backup != token {
+            // A broken copy is in the store first, as above.
+            if write_ahead && !written_ahead {
+                writing.await;
+            }
             self.backups.ended(node, stream);
             counter!(TAKEOVERS, "result" => "not_named").increment(1);
             tracing::error!(
@@ -289,10 +305,16 @@ impl Takeover {
     }
 
     /// Watches `node`'s lease until it lapses (the record as seen then), or
-    /// until the node streams again or is no longer this node's to take
-    /// over (`None`).
-    async fn lapsed(&self, node: &str, stream: u64, sightings: &Sightings) -> Option<LeaseRecord> {
-        let me = self.member.id();
+    /// until the node streams again, its lease names another copy than
+    /// `token` ([`named_elsewhere`]) or this node is no longer one to take
+    /// it over (`None`).
+    async fn lapsed(
+        &self,
+        node: &str,
+        stream: u64,
+        token: &str,
+        sightings: &Sightings,
+    ) -> Option<LeaseRecord> {
         loop {
             let still_held = || {
                 let held = self.backups.complete();
@@ -301,13 +323,7 @@ impl Takeover {
             if !still_held() {
                 return None;
             }
-            // Only the node's backup as the ring now names it (a copy left
-            // from before a ring change may be older than that backup's),
-            // and only while this node holds its own lease.
-            let ring = self.member.ring();
-            if backup_of(&ring.ring, node).is_none_or(|b| b.id != me) {
-                return None;
-            }
+            // Only while this node holds its own lease.
             if !self.member.ownership().leased() {
                 tokio::time::sleep(POLL).await;
                 continue;
@@ -316,6 +332,7 @@ impl Takeover {
                 Some(Some(seen)) if still_held() => return Some(seen),
                 // Released or revoked: not this node's to take over.
                 Some(None) => return None,
+                _ if named_elsewhere(sightings, node, token) => return None,
                 _ => {}
             }
             tokio::time::sleep(self.lease.watch_every()).await;
@@ -341,6 +358,15 @@ impl Takeover {
             }
         }
     }
+}
+
+/// Whether `node`'s lease, as last seen held, names another copy than
+/// `token` (or none): that copy lacks what the node answered since, and is
+/// never named again (tokens are not reused). An empty name is a sender's
+/// from before names were recorded.
+fn named_elsewhere(sightings: &Sightings, node: &str, token: &str) -> bool {
+    let record = sightings.record(node).flatten();
+    record.is_some_and(|r| r.held() && !r.backup.is_empty() && r.backup != token)
 }
 
 #[cfg(test)]

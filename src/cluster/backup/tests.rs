@@ -322,7 +322,7 @@ async fn link(link: Link, seed: u64, lost: CancellationToken) -> (u64, String) {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed);
     for count in 0.. {
         let token = format!("b/{count}");
-        let stream = link.backups.open("n1", &token);
+        let stream = link.backups.open("n1", "i1", &token);
         let (outbox, mut queue) = super::mirror::queue();
         (link.mirror.attach(&link.cache, &token, outbox)).expect("attach");
         let until = tokio::time::Instant::now() + Duration::from_millis(rng.u64(20..400));
@@ -396,7 +396,7 @@ async fn a_large_batch_goes_in_messages_of_whole_frames() {
     let end = 10_000_000;
     crate::journal::Replica::batch(&*mirror, &frames, end);
     let backups = Backups::new();
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     let mut last = 0;
     while let Ok(MirrorRequest { part: Some(part) }) = queue.try_recv() {
         if let Part::Batch(batch) = part {

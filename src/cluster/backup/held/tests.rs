@@ -4,7 +4,7 @@ use super::*;
 use crate::read_state::{Key, UserReadStates};
 
 /// A batch of one frame: `user_id` acked `channel_id` to `message_id`.
-fn ack(user_id: u64, channel_id: u64, message_id: u64, version: u64) -> Vec<u8> {
+pub(crate) fn ack(user_id: u64, channel_id: u64, message_id: u64, version: u64) -> Vec<u8> {
     let mut user = UserReadStates::default();
     user.ack(Key::channel(channel_id), message_id, version);
     let mut frames = Vec::new();
@@ -26,7 +26,7 @@ fn acked(taken: &Taken, user_id: u64, channel_id: u64) -> Option<u64> {
 #[test]
 fn batches_collapse_newest_first_and_a_trim_drops_only_what_is_written() {
     let backups = Backups::default();
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     assert_eq!(backups.batch("n1", stream, ack(1, 10, 5, 100), 10), Ok(10));
     // Older, arriving later: the newer version stays.
     assert_eq!(backups.batch("n1", stream, ack(1, 10, 4, 90), 20), Ok(20));
@@ -43,7 +43,7 @@ fn batches_collapse_newest_first_and_a_trim_drops_only_what_is_written() {
     assert_eq!(acked(&taken, 2, 10), Some(7));
     assert_eq!(acked(&taken, 1, 10), None);
 
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     backups.batch("n1", stream, ack(1, 10, 5, 100), 10).unwrap();
     backups.batch("n1", stream, ack(1, 10, 4, 90), 20).unwrap();
     let taken = backups.take("n1", stream).expect("held");
@@ -53,12 +53,12 @@ fn batches_collapse_newest_first_and_a_trim_drops_only_what_is_written() {
 #[test]
 fn a_stream_its_sender_ends_lets_go_and_one_that_breaks_is_kept_once_complete() {
     let backups = Backups::default();
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     backups.batch("n1", stream, ack(1, 10, 5, 100), 10).unwrap();
     backups.ended("n1", stream);
     assert_eq!(backups.held_for("n1"), None);
 
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     backups.complete_at("n1", stream, 20);
     backups.batch("n1", stream, ack(1, 10, 5, 100), 10).unwrap();
     backups.broke("n1", stream);
@@ -66,7 +66,7 @@ fn a_stream_its_sender_ends_lets_go_and_one_that_breaks_is_kept_once_complete() 
         backups.broken().is_empty(),
         "not complete: nothing to take over with"
     );
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     backups.complete_at("n1", stream, 20);
     backups.batch("n1", stream, ack(1, 10, 5, 100), 20).unwrap();
     backups.broke("n1", stream);
@@ -76,9 +76,9 @@ fn a_stream_its_sender_ends_lets_go_and_one_that_breaks_is_kept_once_complete() 
 #[test]
 fn a_newer_stream_from_the_same_node_replaces_the_older_one() {
     let backups = Backups::default();
-    let old = backups.open("n1", "t");
+    let old = backups.open("n1", "i1", "t");
     backups.batch("n1", old, ack(1, 10, 5, 100), 10).unwrap();
-    let new = backups.open("n1", "t");
+    let new = backups.open("n1", "i1", "t");
     assert!(backups.batch("n1", old, ack(1, 10, 6, 101), 20).is_err());
     backups.broke("n1", old);
     backups.ended("n1", old);
@@ -94,7 +94,7 @@ fn a_newer_stream_from_the_same_node_replaces_the_older_one() {
 #[test]
 fn frames_that_do_not_read_are_refused() {
     let backups = Backups::default();
-    let stream = backups.open("n1", "t");
+    let stream = backups.open("n1", "i1", "t");
     let mut frames = ack(1, 10, 5, 100);
     let last = frames.len() - 1;
     frames[last] ^= 0xff;

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::*;
 use crate::cache::{Cache, CacheConfig};
 use crate::cluster::admin::RingChange;
+use crate::cluster::backup::held::tests::ack;
 use crate::cluster::credential::FleetCredential;
 use crate::cluster::member::MemberConfig;
 use crate::cluster::peers::GrpcPeers;
@@ -34,7 +35,7 @@ fn lease_of_x(renewals: u64, backup: &str) -> LeaseRecord {
 
 /// A copy of x, complete, whose stream (named `token`) broke.
 fn broken_copy(backups: &Backups, token: &str) -> u64 {
-    let stream = backups.open("x", token);
+    let stream = backups.open("x", "i1", token);
     backups.complete_at("x", stream, 0);
     backups.broke("x", stream);
     stream
@@ -174,6 +175,160 @@ async fn a_copy_of_a_node_an_operator_gave_up_is_dropped() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(ring_store.lease("x").await.unwrap(), Some(revoked));
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// Found by the failover simulation: x died (its machine lost) and started
+/// again at once, empty, and streamed anew to b before b looked at the
+/// broken stream. The new stream replaced the copy x's lease names, the
+/// only one of what x had answered and not written, which was lost. A new
+/// incarnation's stream keeps the dead one's copy, which takes x over.
+#[tokio::test(start_paused = true)]
+async fn a_new_incarnation_streaming_at_once_keeps_the_dead_ones_copy() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
+    // x answered an ack that b holds and the store lacks, under a lease
+    // naming b's copy; then it died.
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    let old = backups.open("x", "i1", "b/x1/0");
+    (backups.batch("x", old, ack(7, 10, 5, 100), 10)).unwrap();
+    backups.complete_at("x", old, 0);
+    backups.broke("x", old);
+    // Started again, it streams at once (with nothing unwritten).
+    let new = backups.open("x", "i2", "b/x2/0");
+    backups.complete_at("x", new, 0);
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while ring_store.load().await.unwrap().ring.node("x").is_some() {
+        assert!(Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let user = store.load(7).await.unwrap();
+    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
+    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// The same, but the new incarnation takes the lease first (its record
+/// naming its own copy): the dead one's copy is written, then dropped.
+#[tokio::test(start_paused = true)]
+async fn a_dead_incarnations_copy_is_written_then_dropped_once_the_new_one_holds_the_lease() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    let old = backups.open("x", "i1", "b/x1/0");
+    (backups.batch("x", old, ack(7, 10, 5, 100), 10)).unwrap();
+    backups.complete_at("x", old, 0);
+    backups.broke("x", old);
+    let new = backups.open("x", "i2", "b/x2/0");
+    backups.complete_at("x", new, 0);
+    let theirs = LeaseRecord {
+        holder: "x's new incarnation".to_owned(),
+        renewals: 2,
+        backup: "b/x2/0".to_owned(),
+    };
+    assert!(
+        (ring_store.swap_lease("x", Some(&named), &theirs))
+            .await
+            .unwrap()
+    );
+    // The new incarnation lives: it renews its lease.
+    let renewing = tokio::spawn({
+        let ring_store = ring_store.clone();
+        async move {
+            let mut held = theirs;
+            loop {
+                tokio::time::sleep(LEASE.renew_every()).await;
+                let next = LeaseRecord {
+                    renewals: held.renewals + 1,
+                    ..held.clone()
+                };
+                assert!(
+                    ring_store
+                        .swap_lease("x", Some(&held), &next)
+                        .await
+                        .unwrap()
+                );
+                held = next;
+            }
+        }
+    });
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while backups
+        .complete()
+        .iter()
+        .any(|&(_, stream, _)| stream == old)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dead incarnation's copy is kept"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let user = store.load(7).await.unwrap();
+    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
+    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
+    assert!(
+        backups
+            .complete()
+            .iter()
+            .any(|&(_, stream, _)| stream == new)
+    );
+    assert!(ring_store.load().await.unwrap().ring.node("x").is_some());
+    renewing.abort();
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// Found by the failover simulation: a node joined, so the ring named y,
+/// not b, x's backup; x died before its stream moved to y, its lease still
+/// naming b's copy. b let the copy be (not its to use, by the ring) and
+/// nobody took x over: what x had answered was lost. The lease names the
+/// copy that holds it all, whatever the ring says since.
+#[tokio::test(start_paused = true)]
+async fn the_copy_the_lease_names_takes_over_though_the_ring_names_another_backup() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
+    let y = Node {
+        id: "y".to_owned(),
+        address: "127.0.0.1:9".to_owned(),
+        weight: 100,
+    };
+    let record = admin::change(&*ring_store, RingChange::Add(y))
+        .await
+        .unwrap();
+    let epoch = record.ring.epoch();
+    for id in ["b", "x", "y"] {
+        ring_store.report(id, epoch).await.unwrap();
+    }
+    takeover
+        .member
+        .catch_up(epoch, Duration::from_secs(5))
+        .await;
+    assert_eq!(
+        backup_of(&takeover.member.ring().ring, "x").unwrap().id,
+        "y"
+    );
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    let stream = backups.open("x", "i1", "b/x1/0");
+    (backups.batch("x", stream, ack(7, 10, 5, 100), 10)).unwrap();
+    backups.complete_at("x", stream, 0);
+    backups.broke("x", stream);
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while ring_store.load().await.unwrap().ring.node("x").is_some() {
+        assert!(Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let user = store.load(7).await.unwrap();
+    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
+    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
     stop.cancel();
     running.await.unwrap();
 }

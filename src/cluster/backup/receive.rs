@@ -1,0 +1,114 @@
+//! The receiving side of a backup: a node's `Fleet.Mirror` stream taken
+//! into what this node holds for it ([`super::held`]), answered with how
+//! far it holds the batches. Over any stream of requests, so that a
+//! simulation can call it in-process (`grpc::mirror` serves it over gRPC).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use super::FORMAT;
+use super::held::Backups;
+use crate::proto::mirror_request::Part;
+use crate::proto::{MirrorRequest, MirrorResponse};
+
+/// A sender heard from less often than this is taken for frozen or cut
+/// off, as a broken stream: it sends at least every half second.
+const SILENCE: Duration = Duration::from_secs(3);
+
+/// The longest stream token taken (a sender's are about 60 bytes).
+const MAX_TOKEN_LEN: usize = 256;
+
+pub type Responses = ReceiverStream<Result<MirrorResponse, Status>>;
+
+/// Takes `requests` (a `start`, then batches, trims and where the copy is
+/// complete) into `backups` from a task of its own, until the stream ends
+/// (the sender stopped streaming) or breaks (what it held is kept until the
+/// sender streams again or its lease lapses: see [`super::takeover`]).
+pub async fn receive<S>(backups: Arc<Backups>, mut requests: S) -> Result<Responses, Status>
+where
+    S: Stream<Item = Result<MirrorRequest, Status>> + Send + Unpin + 'static,
+{
+    let start = match requests.next().await.transpose()? {
+        Some(MirrorRequest {
+            part: Some(Part::Start(start)),
+        }) => start,
+        _ => {
+            return Err(Status::invalid_argument(
+                "a Mirror stream starts with `start`",
+            ));
+        }
+    };
+    if start.format != FORMAT {
+        return Err(Status::failed_precondition(format!(
+            "journal format {} is not {FORMAT}, the one this node reads",
+            start.format
+        )));
+    }
+    if start.node.is_empty() || start.node.len() > readstates_routing::ring::MAX_NODE_ID_LEN {
+        return Err(Status::invalid_argument(format!(
+            "start.node: 1 to {} bytes",
+            readstates_routing::ring::MAX_NODE_ID_LEN
+        )));
+    }
+    if start.token.len() > MAX_TOKEN_LEN || start.incarnation.len() > MAX_TOKEN_LEN {
+        return Err(Status::invalid_argument(format!(
+            "start.token and start.incarnation: at most {MAX_TOKEN_LEN} bytes each"
+        )));
+    }
+    let node = start.node;
+    let stream = backups.open(&node, &start.incarnation, &start.token);
+    tracing::info!(%node, "holding a node's unwritten changes as its backup");
+    let (answers, responses) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            let message = tokio::time::timeout(SILENCE, requests.next()).await;
+            let part = match message {
+                Ok(Some(Ok(MirrorRequest { part }))) => part,
+                Ok(None) => {
+                    backups.ended(&node, stream);
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!(%node, after = ?SILENCE, "a node this one backs up went silent; what it held is kept until the node streams again or its lease lapses");
+                    backups.broke(&node, stream);
+                    return;
+                }
+                Ok(Some(Err(status))) => {
+                    tracing::warn!(%node, error = %status, "a backup stream broke; what it held is kept until the node streams again or its lease lapses");
+                    backups.broke(&node, stream);
+                    return;
+                }
+            };
+            match part {
+                Some(Part::Batch(batch)) => {
+                    let answer = backups
+                        .batch(&node, stream, batch.frames, batch.end)
+                        .map(|held| MirrorResponse { held })
+                        .map_err(Status::invalid_argument);
+                    let refused = answer.is_err();
+                    if answers.send(answer).await.is_err() || refused {
+                        backups.broke(&node, stream);
+                        return;
+                    }
+                }
+                Some(Part::Trimmed(through)) => backups.trimmed(&node, stream, through),
+                Some(Part::CompleteAt(at)) => backups.complete_at(&node, stream, at),
+                Some(Part::Start(_)) | None => {
+                    let _ = answers
+                        .send(Err(Status::invalid_argument(
+                            "a Mirror stream has one `start`, first",
+                        )))
+                        .await;
+                    backups.broke(&node, stream);
+                    return;
+                }
+            }
+        }
+    });
+    Ok(ReceiverStream::new(responses))
+}
