@@ -26,17 +26,19 @@
 //! and at the end the fleet must heal by itself. A node taken over rejoins
 //! once it holds its lease again, as `--join-weight` has it do.
 //!
-//! Clients send acks to the owners by the ring as stored (a gateway's
-//! table), forwarded to the previous owner while a slot is acquired, each
-//! to a random read state with a message id above every one sent before,
-//! and write each in a ledger. After every change answered (its slot) and
-//! every 100 ms of simulated time (every slot), no slot is served by two
-//! nodes as a request would find them, the lease counted: a node that lost
-//! its lease has stopped before another starts. At the end, once every
-//! node has written everything, each read state in the store holds the
-//! latest ack answered for it or a later one sent, with no exception for
-//! the write delay: nothing acknowledged is lost to a kill, a lost machine
-//! or a takeover, and nothing never sent is there.
+//! Clients send acks and messages to the owners by the ring as stored (a
+//! gateway's table), forwarded to the previous owner while a slot is
+//! acquired, each with a message id above every one sent before, and write
+//! each in a ledger. After every change answered (its slot) and every 100
+//! ms of simulated time (every slot), no slot is served by two nodes as a
+//! request would find them, the lease counted: a node that lost its lease
+//! has stopped before another starts. At the end, once every node has
+//! written everything, with no exception for the write delay, each read
+//! state in the store holds the latest ack answered for it (or a later one
+//! sent), and counts every message answered once (plus at most those cut
+//! by a kill mid-way, which may have landed): nothing acknowledged is lost
+//! to a kill, a lost machine or a takeover, nothing is counted twice, and
+//! nothing never sent is there.
 //!
 //! It fails (each checked by breaking it) if a takeover comes a second
 //! early (the lapse a second short of the lease, no margin), if a slot past
@@ -75,7 +77,7 @@ use readstates::journal::disk::Fs;
 use readstates::journal::{Journal, JournalConfig, JournalMode, Trimmer};
 use readstates::ownership::{Ownership, SlotState};
 use readstates::proto::MirrorRequest;
-use readstates::read_state::Key;
+use readstates::read_state::{Key, NoChannels};
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, StoreError};
 use readstates::test_support::{run_paused, seeds};
@@ -93,6 +95,9 @@ const CLIENTS: u64 = 4;
 /// Acks go to random read states of these channels: most read states get
 /// one or two, so a lost ack is seldom hidden by a later one.
 const CHANNELS: u64 = 40;
+/// Messages go to these channels, after the acks' (none acked: the unread
+/// count is every message counted).
+const COUNTED: u64 = 5;
 /// How long the faults go on; then the fleet settles.
 const CHAOS: Duration = Duration::from_secs(40);
 
@@ -570,8 +575,10 @@ impl Fleet {
 #[derive(Debug, Default)]
 struct Ran {
     applied: usize,
-    /// Acks cut by their node's kill (they may have been applied).
+    /// Changes cut by their node's kill (they may have been applied), and
+    /// sent to a node already dead.
     reset: usize,
+    refused_dead: usize,
     /// Acks that got no answer in time (they may have been applied).
     unanswered: usize,
     /// Requests that waited in a frozen node's socket, and of those, the
@@ -591,17 +598,25 @@ struct Ran {
     overlapping: usize,
     /// Read states checked against the ledger at the end.
     checked: usize,
+    /// Messages answered, and those that may have landed or not.
+    messages: usize,
+    uncertain: usize,
 }
 
-/// Every ack sent for one read state: those answered OK, and all sent.
+/// What was sent to one read state.
 #[derive(Debug, Default)]
-struct Acked {
-    answered: u64,
+struct Sent {
+    /// Every message id sent (acks), and the latest answered OK.
     sent: std::collections::BTreeSet<u64>,
+    answered: u64,
+    /// Changes answered OK (messages: each counts one), and those that may
+    /// have landed or not (cut by a kill, refused once applied, unanswered).
+    counted: u32,
+    uncertain: u32,
 }
 
 /// By user and channel.
-type Ledger = Mutex<HashMap<(u64, u64), Acked>>;
+type Ledger = Mutex<HashMap<(u64, u64), Sent>>;
 
 /// No slot is served by two nodes, as a request arriving now would find it.
 fn check_one_owner(nodes: &[Arc<SimNode>]) {
@@ -618,10 +633,11 @@ fn check_slot(nodes: &[Arc<SimNode>], slot: Slot) {
     assert!(serving.len() <= 1, "slot {slot} served by {serving:?}");
 }
 
-/// Sends acks to the owners by the ring as stored until `stop`, each to a
-/// random read state with a message id above every one sent before, and
-/// writes each in the ledger; a refused one is not applied, and the next
-/// ack goes on.
+/// Sends acks and messages to the owners by the ring as stored until
+/// `stop`, and writes each in the ledger: an ack to a random read state,
+/// a message to one of this client's users (so that a read state's
+/// messages come in the order sent), each with a message id above every
+/// one sent before. A refused one is not applied, and the next goes on.
 async fn client(
     client: u64,
     seed: u64,
@@ -635,7 +651,14 @@ async fn client(
     while !stop.is_cancelled() {
         tokio::time::sleep(Duration::from_millis(rng.u64(..40))).await;
         let message_id = message_ids.fetch_add(1, Ordering::SeqCst);
-        let (user, channel) = (1 + rng.u64(..USERS), 1 + rng.u64(..CHANNELS));
+        let (change, user, channel) = match rng.bool() {
+            true => (Change::Ack, 1 + rng.u64(..USERS), 1 + rng.u64(..CHANNELS)),
+            false => (
+                Change::Message,
+                1 + client + CLIENTS * rng.u64(..USERS / CLIENTS),
+                CHANNELS + 1 + rng.u64(..COUNTED),
+            ),
+        };
         let Ok(record) = ring.load().await else {
             continue;
         };
@@ -650,8 +673,8 @@ async fn client(
         let sent = async {
             // Waits in the socket of a frozen node.
             node.reach.running().await;
-            let mut result = ack(&node, user, channel, message_id).await;
-            if let Some(Err(Error::NotServed {
+            let mut result = send(&node, change, user, channel, message_id).await;
+            if let Outcome::Answered(Err(Error::NotServed {
                 state: SlotState::Acquiring,
                 ..
             })) = result
@@ -660,7 +683,7 @@ async fn client(
                 // The new owner forwards to the previous one (`grpc::route`).
                 let previous = fleet.get(&previous.id);
                 previous.reach.running().await;
-                result = ack(&previous, user, channel, message_id).await;
+                result = send(&previous, change, user, channel, message_id).await;
             }
             result
         };
@@ -668,42 +691,78 @@ async fn client(
         let result = tokio::time::timeout(Duration::from_secs(20), sent).await;
         let mut ran = ran.lock().unwrap();
         ran.queued += usize::from(queued);
+        let mut ledger = ledger.lock().unwrap();
+        let sent = ledger.entry((user, channel)).or_default();
         match result {
-            Ok(Some(Ok(()))) => {
+            Ok(Outcome::Answered(Ok(()))) => {
                 ran.applied += 1;
-                let mut ledger = ledger.lock().unwrap();
-                let acked = ledger.entry((user, channel)).or_default();
-                acked.answered = acked.answered.max(message_id);
+                sent.answered = sent.answered.max(message_id);
+                sent.counted += 1;
                 check_slot(&fleet.all(), slot_of(user));
             }
-            Ok(Some(Err(Error::NotServed { .. } | Error::LeaseLapsed))) => {
+            // Refused before it was applied.
+            Ok(Outcome::Answered(Err(Error::NotServed { .. }))) => {
                 ran.refused_on_waking += usize::from(queued);
             }
-            Ok(Some(Err(Error::LoadFailed { .. } | Error::ShuttingDown))) => {}
-            Ok(Some(Err(e))) => panic!("unexpected {e}"),
-            Ok(None) => ran.reset += 1,
-            Err(_) => ran.unanswered += 1,
+            Ok(Outcome::Refused) => ran.refused_dead += 1,
+            // Applied, then found past the lease: it may land.
+            Ok(Outcome::Answered(Err(Error::LeaseLapsed))) => {
+                ran.refused_on_waking += usize::from(queued);
+                sent.uncertain += 1;
+            }
+            Ok(Outcome::Answered(Err(Error::LoadFailed { .. } | Error::ShuttingDown))) => {
+                sent.uncertain += 1;
+            }
+            Ok(Outcome::Answered(Err(e))) => panic!("unexpected {e}"),
+            Ok(Outcome::Reset) => {
+                ran.reset += 1;
+                sent.uncertain += 1;
+            }
+            Err(_) => {
+                ran.unanswered += 1;
+                sent.uncertain += 1;
+            }
         }
     }
 }
 
-/// One ack to `node`, answered once durable (journaled, and held by the
-/// node's backup) under a lease that still holds; `None` if the node is
-/// killed first (its connection reset: the ack may have landed).
-async fn ack(
-    node: &SimNode,
-    user: u64,
-    channel: u64,
-    message_id: u64,
-) -> Option<Result<(), Error>> {
+/// What a client sends.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Ack,
+    /// A message (not mentioning the user): its unread count rises by one.
+    Message,
+}
+
+/// What became of one change sent to a node.
+#[derive(Debug)]
+enum Outcome {
+    Answered(Result<(), Error>),
+    /// The node was dead: refused, not applied.
+    Refused,
+    /// The node was killed meanwhile (its connection reset): the change
+    /// may have landed.
+    Reset,
+}
+
+/// One change to `node`, answered once durable (journaled, and held by the
+/// node's backup) under a lease that still holds.
+async fn send(node: &SimNode, change: Change, user: u64, channel: u64, message_id: u64) -> Outcome {
+    if node.reach.killed.is_cancelled() {
+        return Outcome::Refused;
+    }
     let users = [user];
-    let applied = node.cache.update_many(&users, |_, state, now| {
-        state.ack(Key::channel(channel), message_id, now);
-    });
+    let key = Key::channel(channel);
+    let applied = node
+        .cache
+        .update_many(&users, |_, state, now| match change {
+            Change::Ack => state.ack(key, message_id, now).is_some(),
+            Change::Message => state.message_created(key, message_id, false, now, &NoChannels),
+        });
     tokio::select! {
         biased;
-        () = node.reach.killed.cancelled() => None,
-        result = applied => Some(result.map(|_| ())),
+        () = node.reach.killed.cancelled() => Outcome::Reset,
+        result = applied => Outcome::Answered(result.map(|_| ())),
     }
 }
 
@@ -884,29 +943,44 @@ async fn simulate(seed: u64) -> Ran {
         node.stop().await;
     }
 
-    // Every ack answered is in the store (nothing lost to a kill, a lost
-    // machine or a takeover), and nothing there was never sent.
+    // Every change answered is in the store, once (nothing lost to a kill,
+    // a lost machine or a takeover, nothing counted twice), and nothing
+    // there was never sent.
     let ledger = std::mem::take(&mut *ledger.lock().unwrap());
-    for ((user, channel), acked) in &ledger {
+    let (mut messages, mut uncertain) = (0, 0);
+    for ((user, channel), sent) in &ledger {
         let stored = world.store.load(*user).await.unwrap();
-        let stored = (stored.read_states.iter())
-            .find(|s| s.channel_id == *channel && !s.deleted)
-            .map_or(0, |s| s.last_acked_id);
-        assert!(
-            stored >= acked.answered,
-            "user {user}, channel {channel}: ack {} answered, but the store has {stored}",
-            acked.answered
-        );
-        assert!(
-            stored == 0 || acked.sent.contains(&stored),
-            "user {user}, channel {channel}: the store has {stored}, never sent"
-        );
+        let stored = (stored.read_states.iter()).find(|s| s.channel_id == *channel && !s.deleted);
+        let (acked, unread) =
+            stored.map_or((0, 0), |s| (s.last_acked_id, u32::from(s.unread_count)));
+        if *channel <= CHANNELS {
+            assert!(
+                acked >= sent.answered,
+                "user {user}, channel {channel}: ack {} answered, but the store has {acked}",
+                sent.answered
+            );
+            assert!(
+                acked == 0 || sent.sent.contains(&acked),
+                "user {user}, channel {channel}: the store has {acked}, never sent"
+            );
+        } else {
+            messages += sent.counted as usize;
+            uncertain += sent.uncertain as usize;
+            assert!(
+                (sent.counted..=sent.counted + sent.uncertain).contains(&unread),
+                "user {user}, channel {channel}: {} messages answered and {} uncertain, but the \
+                 store counts {unread} unread",
+                sent.counted,
+                sent.uncertain
+            );
+        }
     }
     let mut ran = std::mem::take(&mut *ran.lock().unwrap());
     (ran.freezes, ran.cuts, ran.kills) = (freezes, cuts, kills);
     ran.kills_mid_handoff = kills_mid_handoff;
     (ran.overlapping, ran.lost_machines, ran.takeovers) = (overlapping, lost_machines, takeovers);
     ran.checked = ledger.len();
+    (ran.messages, ran.uncertain) = (messages, uncertain);
     ran
 }
 
@@ -990,7 +1064,7 @@ async fn change(ring: &MemoryRingStore, ring_change: RingChange) {
 }
 
 #[test]
-fn no_slot_is_served_twice_and_no_ack_is_lost_through_freezes_cuts_and_takeovers() {
+fn no_slot_served_twice_and_no_change_lost_or_counted_twice_through_freezes_cuts_and_takeovers() {
     let seeds = seeds("FAILOVER_SEED", "FAILOVER_SEEDS", 12);
     if std::env::var("FAILOVER_LOG").is_ok() {
         tracing_subscriber::fmt()
@@ -1004,6 +1078,7 @@ fn no_slot_is_served_twice_and_no_ack_is_lost_through_freezes_cuts_and_takeovers
         let ran = run_paused("failover simulation", "FAILOVER_SEED", seed, simulate);
         total.applied += ran.applied;
         total.reset += ran.reset;
+        total.refused_dead += ran.refused_dead;
         total.unanswered += ran.unanswered;
         total.queued += ran.queued;
         total.refused_on_waking += ran.refused_on_waking;
@@ -1015,10 +1090,13 @@ fn no_slot_is_served_twice_and_no_ack_is_lost_through_freezes_cuts_and_takeovers
         total.takeovers += ran.takeovers;
         total.overlapping += ran.overlapping;
         total.checked += ran.checked;
+        total.messages += ran.messages;
+        total.uncertain += ran.uncertain;
     }
     let Ran {
         applied,
         reset,
+        refused_dead,
         unanswered,
         queued,
         refused_on_waking,
@@ -1030,9 +1108,12 @@ fn no_slot_is_served_twice_and_no_ack_is_lost_through_freezes_cuts_and_takeovers
         takeovers,
         overlapping,
         checked,
+        messages,
+        uncertain,
     } = total;
     println!(
-        "failover simulation: {} seeds, {applied} acks answered ({reset} cut by a kill, {unanswered} unanswered in 20 s), \
+        "failover simulation: {} seeds, {applied} changes answered ({messages} of them messages counted; {reset} cut by a kill, {refused_dead} refused by a dead node, \
+         {unanswered} unanswered in 20 s, {uncertain} messages that may have landed), \
          {checked} read states checked against the ledger, {freezes} freezes, {cuts} cuts, {kills} kills \
          ({kills_mid_handoff} while slots moved, {lost_machines} losing the machine), \
          {overlapping} before the fleet healed, {takeovers} takeovers, {queued} requests waited in a \
