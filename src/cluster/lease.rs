@@ -200,6 +200,9 @@ pub struct Holder {
     incarnation: String,
     config: LeaseConfig,
     backup: Arc<BackupName>,
+    /// The copy an earlier start's lapsed lease named, left a lapse to its
+    /// backup already (not again, should the taking be tried again).
+    left_to: std::sync::Mutex<String>,
 }
 
 impl Holder {
@@ -215,6 +218,7 @@ impl Holder {
             incarnation: incarnation(),
             config,
             backup,
+            left_to: std::sync::Mutex::default(),
         }
     }
 
@@ -230,10 +234,11 @@ impl Holder {
         let mut wanted = self.backup.wanted.subscribe();
         loop {
             // A renewal that hangs must not outlast the lease: the next one
-            // is tried instead (a taking may wait out an earlier lease).
+            // is tried instead (a taking may wait out an earlier lease, and
+            // a lapse more for a copy it names, then adopt the ring).
             let within = match held {
                 Some(_) => self.config.renew_every(),
-                None => self.config.lapse() * 2,
+                None => self.config.lapse() * 3,
             };
             // Seen before the record is made: a later want renews again.
             let (backup, request) = wanted.borrow_and_update().clone();
@@ -325,19 +330,36 @@ impl Holder {
             None => match store.lease(self.node()).await? {
                 None => None,
                 Some(seen) if !seen.held() || seen.holder == self.incarnation => Some(seen),
-                Some(_) => loop {
-                    tracing::info!(within = ?self.config.lapse(), "the lease is held by an earlier start of this node; waiting it out");
-                    match watch(store, self.node(), self.config).await? {
-                        Seen::Lapsed(seen) | Seen::Free(Some(seen)) => break Some(seen),
-                        Seen::Free(None) => break None,
-                        Seen::Live if stop.is_cancelled() => return Ok(None),
-                        Seen::Live => {
-                            tracing::error!(
-                                "another process renews this node's lease: is this node id running twice?"
-                            );
+                Some(_) => {
+                    loop {
+                        tracing::info!(within = ?self.config.lapse(), "the lease is held by an earlier start of this node; waiting it out");
+                        match watch(store, self.node(), self.config).await? {
+                            // It names a copy of that start's unwritten changes:
+                            // the backup holding it takes this node over with it
+                            // (writing it first). Taken now, this start would
+                            // serve users from a store that lacks the copy, and
+                            // its own newer changes would beat it there. Left a
+                            // lapse more; then taken (nobody acted: that backup
+                            // is gone too).
+                            Seen::Lapsed(seen)
+                                if names_a_copy(&seen) && self.leave_to(&seen.backup) =>
+                            {
+                                tracing::info!(copy = %seen.backup, "the earlier start's lease names a copy of its unwritten changes: leaving its backup a lapse to take over");
+                            }
+                            Seen::Lapsed(seen) | Seen::Free(Some(seen)) => break Some(seen),
+                            Seen::Free(None) => break None,
+                            Seen::Live if stop.is_cancelled() => return Ok(None),
+                            Seen::Live => match store.lease(self.node()).await? {
+                                Some(r) if r.holder.starts_with(TAKEOVER_BY) => {
+                                    tracing::info!(holder = %r.holder, "this node is being taken over; waiting for it");
+                                }
+                                _ => tracing::error!(
+                                    "another process renews this node's lease: is this node id running twice?"
+                                ),
+                            },
                         }
                     }
-                },
+                }
             },
         };
         if held.is_none() {
@@ -371,6 +393,14 @@ impl Holder {
         }
         self.member.releases_done(epoch).await;
         Ok(())
+    }
+
+    /// Whether `copy` is yet to be left a lapse to its backup (then it is).
+    fn leave_to(&self, copy: &str) -> bool {
+        let mut left_to = self.left_to.lock().unwrap_or_else(|p| p.into_inner());
+        let first = *left_to != copy;
+        copy.clone_into(&mut left_to);
+        first
     }
 
     fn record(&self, renewals: u64, backup: &str) -> LeaseRecord {
@@ -409,6 +439,12 @@ impl Holder {
         self.member.releases_done(epoch).await;
         None
     }
+}
+
+/// Whether `record` names a copy of its holder's unwritten changes held by
+/// a backup (not none, nor empty: a build before names).
+fn names_a_copy(record: &LeaseRecord) -> bool {
+    !record.backup.is_empty() && record.backup != NO_BACKUP
 }
 
 /// A random id for this process (a lease names the incarnation holding it).

@@ -133,7 +133,7 @@ impl Takeover {
         let Some(seen) = seen else {
             if !named_elsewhere(sightings, node, &token) {
                 self.given_up(node, stream).await;
-            } else if broke {
+            } else if broke && self.named_elsewhere_now(node, &token).await {
                 // Never to be named again: the node, live, named another
                 // copy (or none), or a new incarnation of it holds the
                 // lease (see `Backups::open`). In the store first: it may
@@ -143,8 +143,8 @@ impl Takeover {
                 }
                 self.backups.ended(node, stream);
             } else {
-                // An open stream (its sender may be naming it just now):
-                // looked at again later.
+                // An open stream (its sender may be naming it just now),
+                // or a sighting older than the name: looked at again later.
                 tokio::time::sleep(POLL).await;
             }
             return;
@@ -154,6 +154,12 @@ impl Takeover {
         // answered: it names another stream, or none (it answered on its
         // journal alone since). Empty: a sender before names were recorded.
         if !seen.backup.is_empty() && seen.backup != token {
+            if !broke && self.holds(node, &seen.backup) {
+                // A new incarnation's open stream, while the dead one's
+                // copy, held here too, takes the node over.
+                tokio::time::sleep(POLL).await;
+                return;
+            }
             // A broken copy is in the store first, as above.
             if write_ahead && !written_ahead {
                 writing.await;
@@ -176,11 +182,17 @@ impl Takeover {
             renewals: seen.renewals + 1,
             backup: seen.backup.clone(),
         };
+        // Not taken: looked at again a poll later (not at once, over and
+        // over, each time decoding the copy again: found in review).
         match self.ring_store.swap_lease(node, Some(&seen), &held).await {
             Ok(true) => {}
-            Ok(false) => return,
+            Ok(false) => {
+                tokio::time::sleep(POLL).await;
+                return;
+            }
             Err(e) => {
                 tracing::warn!(node, error = %e, "cannot take a lapsed lease");
+                tokio::time::sleep(POLL).await;
                 return;
             }
         }
@@ -279,6 +291,23 @@ impl Takeover {
         tokio::time::sleep(POLL).await;
     }
 
+    /// [`named_elsewhere`] by a read of the store now: a sighting may be
+    /// older than the name (read up to `lease / 4` before a stream broke),
+    /// and a copy dropped on it while named leaves the node to an operator
+    /// (found in review).
+    async fn named_elsewhere_now(&self, node: &str, token: &str) -> bool {
+        match self.ring_store.lease(node).await {
+            Ok(record) => record.is_some_and(|r| names_another(&r, token)),
+            Err(_) => false,
+        }
+    }
+
+    /// Whether this node holds a complete copy of `node` named `token`.
+    fn holds(&self, node: &str, token: &str) -> bool {
+        (self.backups.complete().iter())
+            .any(|(n, s, _)| n == node && self.backups.token(n, *s).as_deref() == Some(token))
+    }
+
     /// Tells every node of `record`'s ring to read it now, not at its next
     /// poll, so that the dead node's slots are served a poll sooner: a
     /// `ReleaseSlots` of no slot from a newer epoch is such a poke.
@@ -328,6 +357,16 @@ impl Takeover {
                 tokio::time::sleep(POLL).await;
                 continue;
             }
+            // A record of a build before names names no copy: only the
+            // backup the ring names takes over, as then.
+            let unnamed = sightings
+                .record(node)
+                .flatten()
+                .is_some_and(|r| r.backup.is_empty());
+            let ring = self.member.ring();
+            if unnamed && backup_of(&ring.ring, node).is_none_or(|b| b.id != self.member.id()) {
+                return None;
+            }
             match sightings.lapsed(node, self.lease) {
                 Some(Some(seen)) if still_held() => return Some(seen),
                 // Released or revoked: not this node's to take over.
@@ -366,7 +405,11 @@ impl Takeover {
 /// from before names were recorded.
 fn named_elsewhere(sightings: &Sightings, node: &str, token: &str) -> bool {
     let record = sightings.record(node).flatten();
-    record.is_some_and(|r| r.held() && !r.backup.is_empty() && r.backup != token)
+    record.is_some_and(|r| names_another(&r, token))
+}
+
+fn names_another(record: &LeaseRecord, token: &str) -> bool {
+    record.held() && !record.backup.is_empty() && record.backup != token
 }
 
 #[cfg(test)]

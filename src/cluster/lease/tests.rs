@@ -306,3 +306,71 @@ async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
     a.stop.cancel();
     a.holder.await.unwrap();
 }
+
+/// From a review: a node that lost its disk and started again took its
+/// lease the moment the earlier start's lapsed, ahead of the backup whose
+/// copy that lease named. Its users then loaded from a store that lacked
+/// the copy (written ahead slowly), and its own changes to them, newer,
+/// beat the copy's when it landed: acknowledged acks lost. A lease naming
+/// a copy is left to that copy's backup for a lapse more.
+#[tokio::test(start_paused = true)]
+async fn a_restart_leaves_a_lease_naming_a_copy_to_its_backup_first() {
+    let store = Arc::new(MemoryRingStore::default());
+    let earlier = LeaseRecord {
+        holder: "an earlier start".to_owned(),
+        renewals: 5,
+        backup: "b/earlier/0".to_owned(),
+    };
+    assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
+    let restarted = Start::new(&store);
+    // The backup sees it lapsed a while after the restart does (it polls).
+    tokio::time::sleep(CONFIG.lapse() + Duration::from_millis(700)).await;
+    let takeover = LeaseRecord {
+        holder: format!("{TAKEOVER_BY}b"),
+        renewals: earlier.renewals + 1,
+        backup: earlier.backup.clone(),
+    };
+    let taken = store.swap_lease(NODE, Some(&earlier), &takeover).await;
+    assert!(
+        taken.unwrap(),
+        "the restart took the lease first: {:?}",
+        store.lease(NODE).await
+    );
+    assert!(!restarted.serves());
+    // Done, the backup frees it: the restart takes it.
+    let freed = LeaseRecord {
+        holder: String::new(),
+        renewals: takeover.renewals + 1,
+        backup: NO_BACKUP.to_owned(),
+    };
+    assert!(
+        store
+            .swap_lease(NODE, Some(&takeover), &freed)
+            .await
+            .unwrap()
+    );
+    tokio::time::timeout(CONFIG.lapse() * 3, restarted.until_serving(true))
+        .await
+        .expect("the restart serves once the takeover is done");
+}
+
+/// And a lease naming a copy nobody acts on (its backup died too) is taken
+/// after that lapse more.
+#[tokio::test(start_paused = true)]
+async fn a_restart_takes_a_lease_naming_a_copy_nobody_acts_on_a_lapse_later() {
+    let store = Arc::new(MemoryRingStore::default());
+    let earlier = LeaseRecord {
+        holder: "an earlier start".to_owned(),
+        renewals: 5,
+        backup: "b/earlier/0".to_owned(),
+    };
+    assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
+    let started = Instant::now();
+    let restarted = Start::new(&store);
+    restarted.until_serving(true).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= CONFIG.lapse() * 2 && waited <= CONFIG.lapse() * 3,
+        "{waited:?}"
+    );
+}

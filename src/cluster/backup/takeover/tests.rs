@@ -332,3 +332,122 @@ async fn the_copy_the_lease_names_takes_over_though_the_ring_names_another_backu
     stop.cancel();
     running.await.unwrap();
 }
+
+/// From a review: the lease was sighted naming no copy just before x named
+/// its stream to b, and the stream broke at once (x killed). b dropped
+/// the copy on that sighting and nobody took x over (only an operator
+/// could). A copy is dropped only once the store, read now, names another.
+#[tokio::test(start_paused = true)]
+async fn a_copy_named_after_its_last_sighting_still_takes_over() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
+    let alone = lease_of_x(1, NO_BACKUP);
+    assert!(ring_store.swap_lease("x", None, &alone).await.unwrap());
+    let stream = backups.open("x", "i1", "b/x1/0");
+    (backups.batch("x", stream, ack(7, 10, 5, 100), 10)).unwrap();
+    backups.complete_at("x", stream, 0);
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    // Sighted naming none; then named, and the stream breaks at once.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let named = lease_of_x(2, "b/x1/0");
+    assert!(
+        ring_store
+            .swap_lease("x", Some(&alone), &named)
+            .await
+            .unwrap()
+    );
+    backups.broke("x", stream);
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while ring_store.load().await.unwrap().ring.node("x").is_some() {
+        assert!(Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let user = store.load(7).await.unwrap();
+    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
+    assert_eq!(acked.map(|s| s.last_acked_id), Some(5));
+    stop.cancel();
+    running.await.unwrap();
+}
+
+/// A ring store on which every takeover's compare-and-set of a lease
+/// fails (someone else's always came first), counting them.
+#[derive(Debug)]
+struct Refusing {
+    ring: Arc<MemoryRingStore>,
+    swaps: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl RingStore for Refusing {
+    async fn load(&self) -> Result<RingRecord, crate::store::StoreError> {
+        self.ring.load().await
+    }
+    async fn advance(&self, next: &RingRecord) -> Result<bool, crate::store::StoreError> {
+        self.ring.advance(next).await
+    }
+    async fn release(&self, epoch: u64, node: &str) -> Result<bool, crate::store::StoreError> {
+        self.ring.release(epoch, node).await
+    }
+    async fn report(&self, node: &str, epoch: u64) -> Result<(), crate::store::StoreError> {
+        self.ring.report(node, epoch).await
+    }
+    async fn progress(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, u64>, crate::store::StoreError> {
+        self.ring.progress().await
+    }
+    async fn drained_weight(&self, node: &str) -> Result<Option<u32>, crate::store::StoreError> {
+        self.ring.drained_weight(node).await
+    }
+    async fn set_drained_weight(
+        &self,
+        node: &str,
+        weight: Option<u32>,
+    ) -> Result<(), crate::store::StoreError> {
+        self.ring.set_drained_weight(node, weight).await
+    }
+    async fn lease(&self, node: &str) -> Result<Option<LeaseRecord>, crate::store::StoreError> {
+        self.ring.lease(node).await
+    }
+    async fn swap_lease(
+        &self,
+        node: &str,
+        seen: Option<&LeaseRecord>,
+        next: &LeaseRecord,
+    ) -> Result<bool, crate::store::StoreError> {
+        if next.holder.starts_with(TAKEOVER_BY) {
+            self.swaps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            return Ok(false);
+        }
+        self.ring.swap_lease(node, seen, next).await
+    }
+}
+
+/// From a review: a takeover whose compare-and-set failed was watched
+/// again at once, over and over (each time decoding and writing the copy
+/// again): a spin while the lease still read lapsed. On the real clock: a
+/// spin never lets a paused one advance.
+#[tokio::test]
+async fn a_takeover_that_loses_the_lease_tries_again_a_poll_later() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let refusing = Arc::new(Refusing {
+        ring: ring_store.clone(),
+        swaps: Default::default(),
+    });
+    let takeover = Takeover {
+        ring_store: refusing.clone(),
+        ..takeover
+    };
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    broken_copy(&takeover.backups, "b/x1/0");
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    tokio::time::sleep(LEASE.lapse() + Duration::from_secs(1)).await;
+    let swaps = refusing.swaps.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=20).contains(&swaps),
+        "{swaps} tries in the second after the lapse"
+    );
+    stop.cancel();
+    running.await.unwrap();
+}
