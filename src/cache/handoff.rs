@@ -84,7 +84,7 @@ impl Cache {
     /// Writes the users `leaving` names that a journal's replay holds
     /// beside the cache (see [`Cache::replay`]), retrying until the store
     /// takes them: they travel through the store, not in a handoff.
-    async fn write_replayed(&self, leaving: &impl Fn(u64) -> bool) {
+    pub(crate) async fn write_replayed(&self, leaving: &impl Fn(u64) -> bool) {
         let replayed = |cache: &Cache| -> Vec<Vec<u64>> {
             (0..cache.shard_count())
                 .map(|index| {

@@ -27,6 +27,8 @@
 mod acquire;
 mod receive;
 mod release;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

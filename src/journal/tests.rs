@@ -576,3 +576,63 @@ async fn a_handed_in_user_is_journaled_under_its_shards_lock() {
         "a handed-in change is journaled"
     );
 }
+
+/// Found by the failover simulation, with a slow store: a node started
+/// again after kill -9 replayed a user, then was handed the same user (its
+/// slot came back) before the replayed write reached the store. The
+/// handed-in user took the replayed write's place in the cache without
+/// it: write-behind found the cached user and never wrote the replayed
+/// write, and a shutdown's drain spun on it (forever on a paused clock).
+/// The replayed write is written, as it is, before the cached user's.
+#[test]
+fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
+    use crate::cache::handoff::{Chunk, HandedUser};
+    use crate::read_state::UserReadStates;
+
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let store = Arc::new(FaultyStore::memory());
+            // Writes wait: the replayed write is not in the store yet when
+            // the user is handed in.
+            store.inject(Fault::new(Operation::Write, Effect::Hang));
+            let cache = Cache::new(CacheConfig::default(), store.clone());
+            let mut replayed = UserReadStates::default();
+            replayed.ack(Key::channel(10), 5, 1);
+            cache.replay(Replayed {
+                users: [(7, UserWrite::of(7, &replayed))].into(),
+                ..Replayed::default()
+            });
+            let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+            let mut handed = UserReadStates::default();
+            handed.ack(Key::channel(11), 9, crate::clock::now_micros());
+            let handed = HandedUser {
+                user_id: 7,
+                states: handed,
+                unwritten_for: Some(Duration::ZERO),
+            };
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            cache.install(Chunk::Users(vec![handed]));
+            store.clear();
+            let report = write_behind.shutdown(Duration::from_secs(10)).await;
+            let stored = store.load(7).await.unwrap();
+            let acked = |channel| {
+                (stored.read_states.iter())
+                    .find(|s| s.channel_id == channel)
+                    .map(|s| s.last_acked_id)
+            };
+            let _ = done.send((report.unwritten, acked(10), acked(11)));
+        });
+    });
+    let (unwritten, replayed, handed) = finished
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the shutdown's drain spins");
+    assert_eq!(unwritten, 0);
+    assert_eq!(replayed, Some(5), "the replayed write is lost");
+    assert_eq!(handed, Some(9));
+}

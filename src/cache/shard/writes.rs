@@ -91,6 +91,13 @@ impl Shard {
             return self.begin_replayed_write(user_id, retry);
         };
         let user = self.users.get(slot);
+        // A replayed write left beside a user handed in since (its slot
+        // came back before the write was made) is written first, as it is
+        // (newest version wins in the store). Found by the failover
+        // simulation: it was never written, and a shutdown's drain spun.
+        if !user.is(Flags::IN_FLIGHT) && self.replayed.contains_key(&user_id) {
+            return self.begin_replayed_write(user_id, retry);
+        }
         if user.is(Flags::IN_FLIGHT) != retry {
             return None;
         }
@@ -119,6 +126,13 @@ impl Shard {
             self.finish_replayed_write(user_id, version);
             return;
         };
+        if !self.users.get(slot).is(Flags::IN_FLIGHT) {
+            // The replayed write beside it (see `begin_write`); the user's
+            // own changes are queued next.
+            self.finish_replayed_write(user_id, version);
+            self.settle(user_id, None, now_us, began);
+            return;
+        }
         self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, false);
         self.settle(user_id, version, now_us, began);
     }
