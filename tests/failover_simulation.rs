@@ -32,13 +32,14 @@
 //! each in a ledger. After every change answered (its slot) and every 100
 //! ms of simulated time (every slot), no slot is served by two nodes as a
 //! request would find them, the lease counted: a node that lost its lease
-//! has stopped before another starts. At the end, once every node has
-//! written everything, with no exception for the write delay, each read
-//! state in the store holds the latest ack answered for it (or a later one
-//! sent), and counts every message answered once (plus at most those cut
-//! by a kill mid-way, which may have landed): nothing acknowledged is lost
-//! to a kill, a lost machine or a takeover, nothing is counted twice, and
-//! nothing never sent is there.
+//! has stopped before another starts. The users' store is slow now and
+//! then (a write in fifty takes 1.5 s) and fails a few calls. At the end,
+//! once every node has written everything, with no exception for the
+//! write delay, each read state in the store holds the latest ack answered
+//! for it (or a later one sent), and counts every message answered once
+//! (plus at most those cut by a kill mid-way, which may have landed):
+//! nothing acknowledged is lost to a kill, a lost machine or a takeover,
+//! nothing is counted twice, and nothing never sent is there.
 //!
 //! It fails (each checked by breaking it) if a takeover comes a second
 //! early (the lapse a second short of the lease, no margin), if a slot past
@@ -78,6 +79,7 @@ use readstates::journal::{Journal, JournalConfig, JournalMode, Trimmer};
 use readstates::ownership::{Ownership, SlotState};
 use readstates::proto::MirrorRequest;
 use readstates::read_state::{Key, NoChannels};
+use readstates::store::faulty::{Effect, Fault, FaultyStore, Operation};
 use readstates::store::memory::MemoryStore;
 use readstates::store::{Store, StoreError};
 use readstates::test_support::{run_paused, seeds};
@@ -378,7 +380,9 @@ struct SimNode {
 /// What every node shares: the stores, the peers, where the nodes' disks
 /// are, and what ends the run.
 struct World {
-    store: Arc<MemoryStore>,
+    /// The users' store (Cassandra): slow now and then, failing a few
+    /// calls.
+    store: Arc<FaultyStore>,
     ring: Arc<MemoryRingStore>,
     peers: Arc<SimPeers>,
     /// A directory per node for its journal (on tmpfs where there is one:
@@ -787,7 +791,7 @@ fn copy_named(world: &World, record: Option<&LeaseRecord>, id: &str) -> bool {
 async fn simulate(seed: u64) -> Ran {
     let mut rng = fastrand::Rng::with_seed(seed);
     let world = World {
-        store: Arc::new(MemoryStore::new()),
+        store: Arc::new(FaultyStore::new(Arc::new(MemoryStore::new()), seed)),
         ring: Arc::new(MemoryRingStore::default()),
         peers: Arc::new(SimPeers::default()),
         disks: tempfile::tempdir_in("/dev/shm")
@@ -795,6 +799,21 @@ async fn simulate(seed: u64) -> Ran {
             .expect("a directory for the journals"),
         stop: CancellationToken::new(),
     };
+    // Some writes slow, a few very (a takeover's copy, a handoff's users
+    // and the write-behind wait), some calls failing (retried).
+    let store = &world.store;
+    store.inject(
+        Fault::new(
+            Operation::Write,
+            Effect::Delay(Duration::from_millis(1_500)),
+        )
+        .chance(0.02),
+    );
+    store
+        .inject(Fault::new(Operation::Write, Effect::Delay(Duration::from_millis(20))).chance(0.3));
+    store.inject(Fault::new(Operation::Write, Effect::Fail).chance(0.02));
+    store.inject(Fault::new(Operation::Load, Effect::Delay(Duration::from_millis(10))).chance(0.3));
+    store.inject(Fault::new(Operation::Load, Effect::Fail).chance(0.01));
     let ring = world.ring.clone();
     let mut incarnations = 0;
     let mut next_seed = || {
@@ -934,6 +953,7 @@ async fn simulate(seed: u64) -> Ran {
         client.await.expect("a client");
     }
     world.stop.cancel();
+    world.store.clear();
     checker.await.expect("no slot served twice");
     for node in fleet.all() {
         let tasks: Vec<_> = node.tasks.lock().unwrap().drain(..).collect();
