@@ -307,6 +307,18 @@ async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
     a.holder.await.unwrap();
 }
 
+/// The lease of an earlier start of `NODE` (never renewed again: it was
+/// killed), naming a copy of its unwritten changes held by b.
+async fn an_earlier_start_naming_a_copy(store: &MemoryRingStore) -> LeaseRecord {
+    let earlier = LeaseRecord {
+        holder: "an earlier start".to_owned(),
+        renewals: 5,
+        backup: "b/earlier/0".to_owned(),
+    };
+    assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
+    earlier
+}
+
 /// From a review: a node that lost its disk and started again took its
 /// lease the moment the earlier start's lapsed, ahead of the backup whose
 /// copy that lease named. Its users then loaded from a store that lacked
@@ -316,12 +328,7 @@ async fn a_backup_name_is_recorded_by_a_renewal_made_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_restart_leaves_a_lease_naming_a_copy_to_its_backup_first() {
     let store = Arc::new(MemoryRingStore::default());
-    let earlier = LeaseRecord {
-        holder: "an earlier start".to_owned(),
-        renewals: 5,
-        backup: "b/earlier/0".to_owned(),
-    };
-    assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
+    let earlier = an_earlier_start_naming_a_copy(&store).await;
     let restarted = Start::new(&store);
     // The backup sees it lapsed a while after the restart does (it polls).
     tokio::time::sleep(CONFIG.lapse() + Duration::from_millis(700)).await;
@@ -359,12 +366,7 @@ async fn a_restart_leaves_a_lease_naming_a_copy_to_its_backup_first() {
 #[tokio::test(start_paused = true)]
 async fn a_restart_takes_a_lease_naming_a_copy_nobody_acts_on_a_lapse_later() {
     let store = Arc::new(MemoryRingStore::default());
-    let earlier = LeaseRecord {
-        holder: "an earlier start".to_owned(),
-        renewals: 5,
-        backup: "b/earlier/0".to_owned(),
-    };
-    assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
+    an_earlier_start_naming_a_copy(&store).await;
     let started = Instant::now();
     let restarted = Start::new(&store);
     restarted.until_serving(true).await;

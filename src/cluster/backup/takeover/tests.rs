@@ -41,6 +41,31 @@ fn broken_copy(backups: &Backups, token: &str) -> u64 {
     stream
 }
 
+/// A complete copy of x from its start `incarnation`, named `token`,
+/// holding an ack the store lacks (user 7 read channel 10 up to 5).
+fn copy_with_an_ack(backups: &Backups, incarnation: &str, token: &str) -> u64 {
+    let stream = backups.open("x", incarnation, token);
+    (backups.batch("x", stream, ack(7, 10, 5, 100), 10)).unwrap();
+    backups.complete_at("x", stream, 0);
+    stream
+}
+
+/// The ack of [`copy_with_an_ack`] as the store has it.
+async fn acked_in_store(store: &Arc<dyn Store>) -> Option<u64> {
+    let user = store.load(7).await.unwrap();
+    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
+    acked.map(|s| s.last_acked_id)
+}
+
+/// Waits until x is out of the ring (taken over), for three lapses at most.
+async fn until_taken_over(ring_store: &MemoryRingStore) {
+    let deadline = Instant::now() + LEASE.lapse() * 3;
+    while ring_store.load().await.unwrap().ring.node("x").is_some() {
+        assert!(Instant::now() < deadline, "not taken over");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A ring of b and x, served; b's takeover of x (its backup), b holding
 /// its own lease, with no copy yet; and what stops b.
 async fn b_backs_up_x() -> (Arc<MemoryRingStore>, Takeover, CancellationToken) {
@@ -119,11 +144,7 @@ async fn only_the_copy_the_lease_names_takes_a_dead_node_over() {
             .unwrap()
     );
     broken_copy(&backups, "b/x1/1");
-    let deadline = Instant::now() + LEASE.lapse() * 3;
-    while ring_store.load().await.unwrap().ring.node("x").is_some() {
-        assert!(Instant::now() < deadline, "not taken over");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_taken_over(&ring_store).await;
     // Taken (then freed once done), not renewed by x.
     let lease = ring_store.lease("x").await.unwrap().unwrap();
     assert!(lease.renewals > named.renewals && lease.holder.is_empty());
@@ -192,22 +213,14 @@ async fn a_new_incarnation_streaming_at_once_keeps_the_dead_ones_copy() {
     // naming b's copy; then it died.
     let named = lease_of_x(1, "b/x1/0");
     assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
-    let old = backups.open("x", "i1", "b/x1/0");
-    (backups.batch("x", old, ack(7, 10, 5, 100), 10)).unwrap();
-    backups.complete_at("x", old, 0);
+    let old = copy_with_an_ack(&backups, "i1", "b/x1/0");
     backups.broke("x", old);
     // Started again, it streams at once (with nothing unwritten).
     let new = backups.open("x", "i2", "b/x2/0");
     backups.complete_at("x", new, 0);
     let running = tokio::spawn(takeover.run(stop.clone()));
-    let deadline = Instant::now() + LEASE.lapse() * 3;
-    while ring_store.load().await.unwrap().ring.node("x").is_some() {
-        assert!(Instant::now() < deadline, "not taken over");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let user = store.load(7).await.unwrap();
-    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
-    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
+    until_taken_over(&ring_store).await;
+    assert_eq!(acked_in_store(&store).await, Some(5), "the ack is lost");
     stop.cancel();
     running.await.unwrap();
 }
@@ -220,9 +233,7 @@ async fn a_dead_incarnations_copy_is_written_then_dropped_once_the_new_one_holds
     let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
     let named = lease_of_x(1, "b/x1/0");
     assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
-    let old = backups.open("x", "i1", "b/x1/0");
-    (backups.batch("x", old, ack(7, 10, 5, 100), 10)).unwrap();
-    backups.complete_at("x", old, 0);
+    let old = copy_with_an_ack(&backups, "i1", "b/x1/0");
     backups.broke("x", old);
     let new = backups.open("x", "i2", "b/x2/0");
     backups.complete_at("x", new, 0);
@@ -270,9 +281,7 @@ async fn a_dead_incarnations_copy_is_written_then_dropped_once_the_new_one_holds
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let user = store.load(7).await.unwrap();
-    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
-    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
+    assert_eq!(acked_in_store(&store).await, Some(5), "the ack is lost");
     assert!(
         backups
             .complete()
@@ -316,19 +325,11 @@ async fn the_copy_the_lease_names_takes_over_though_the_ring_names_another_backu
     );
     let named = lease_of_x(1, "b/x1/0");
     assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
-    let stream = backups.open("x", "i1", "b/x1/0");
-    (backups.batch("x", stream, ack(7, 10, 5, 100), 10)).unwrap();
-    backups.complete_at("x", stream, 0);
+    let stream = copy_with_an_ack(&backups, "i1", "b/x1/0");
     backups.broke("x", stream);
     let running = tokio::spawn(takeover.run(stop.clone()));
-    let deadline = Instant::now() + LEASE.lapse() * 3;
-    while ring_store.load().await.unwrap().ring.node("x").is_some() {
-        assert!(Instant::now() < deadline, "not taken over");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let user = store.load(7).await.unwrap();
-    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
-    assert_eq!(acked.map(|s| s.last_acked_id), Some(5), "the ack is lost");
+    until_taken_over(&ring_store).await;
+    assert_eq!(acked_in_store(&store).await, Some(5), "the ack is lost");
     stop.cancel();
     running.await.unwrap();
 }
@@ -343,9 +344,7 @@ async fn a_copy_named_after_its_last_sighting_still_takes_over() {
     let (backups, store) = (takeover.backups.clone(), takeover.store.clone());
     let alone = lease_of_x(1, NO_BACKUP);
     assert!(ring_store.swap_lease("x", None, &alone).await.unwrap());
-    let stream = backups.open("x", "i1", "b/x1/0");
-    (backups.batch("x", stream, ack(7, 10, 5, 100), 10)).unwrap();
-    backups.complete_at("x", stream, 0);
+    let stream = copy_with_an_ack(&backups, "i1", "b/x1/0");
     let running = tokio::spawn(takeover.run(stop.clone()));
     // Sighted naming none; then named, and the stream breaks at once.
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -357,14 +356,8 @@ async fn a_copy_named_after_its_last_sighting_still_takes_over() {
             .unwrap()
     );
     backups.broke("x", stream);
-    let deadline = Instant::now() + LEASE.lapse() * 3;
-    while ring_store.load().await.unwrap().ring.node("x").is_some() {
-        assert!(Instant::now() < deadline, "not taken over");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let user = store.load(7).await.unwrap();
-    let acked = (user.read_states.iter()).find(|s| s.channel_id == 10);
-    assert_eq!(acked.map(|s| s.last_acked_id), Some(5));
+    until_taken_over(&ring_store).await;
+    assert_eq!(acked_in_store(&store).await, Some(5));
     stop.cancel();
     running.await.unwrap();
 }
