@@ -310,12 +310,16 @@ impl Application {
                     let copying = tokio::spawn(copier.clone().run(stop.clone()));
                     // Its unwritten changes held by the next node, which
                     // takes over should it die; and the same for others.
+                    // Stopped after the final writes, not with `stop`: what
+                    // they have not written yet is held there too, should
+                    // the machine be lost meanwhile (see `Running::stop`).
+                    let backup_stop = CancellationToken::new();
                     let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
                     let mirror = backed_up.map(|journal| {
                         Mirror::new(journal, backup_name).run(
                             member.clone(),
                             peers.clone(),
-                            stop.clone(),
+                            backup_stop.clone(),
                         )
                     });
                     let takeover = Takeover {
@@ -326,7 +330,7 @@ impl Application {
                         lease: config.lease(),
                     };
                     let backup = tokio::spawn({
-                        let stop = stop.clone();
+                        let stop = backup_stop.clone();
                         async move {
                             let mirroring = async {
                                 if let Some(mirror) = mirror {
@@ -336,6 +340,7 @@ impl Application {
                             tokio::join!(mirroring, takeover.run(stop));
                         }
                     });
+                    let backup = (backup_stop, backup);
                     let router = Router {
                         member,
                         peers,
@@ -471,8 +476,9 @@ pub struct Running {
     /// A fleet node's copier of channels counted by channel, stopped with
     /// `stop`.
     copier: Option<JoinHandle<()>>,
-    /// A fleet node's backup stream and takeovers, stopped with `stop`.
-    backup: Option<JoinHandle<()>>,
+    /// A fleet node's backup stream and takeovers, stopped after the final
+    /// writes.
+    backup: Option<(CancellationToken, JoinHandle<()>)>,
     /// Reads the TLS files again now and then, stopped with `stop`.
     tls_reloader: Option<JoinHandle<()>>,
     /// Closed after the final writes: emptied if they wrote everything.
@@ -500,9 +506,9 @@ impl Running {
     /// handed to the other nodes, see [`Presence::drain`]), reports not
     /// serving, stops taking connections, gives
     /// the requests under way [`REQUEST_GRACE`], then refuses changes and
-    /// writes every unwritten one (see [`WriteBehind::shutdown`]), and last
-    /// stops the metrics ([`METRICS_GRACE`]). The report says what could not
-    /// be written.
+    /// writes every unwritten one (see [`WriteBehind::shutdown`]), ends the
+    /// backup stream, releases the lease, and last stops the metrics
+    /// ([`METRICS_GRACE`]). The report says what could not be written.
     pub async fn stop(mut self) -> Result<ShutdownReport, BoxError> {
         if let Some(presence) = self.drain.take()
             && self.server_ended.is_none()
@@ -540,7 +546,6 @@ impl Running {
         for task in [
             self.follower.take(),
             self.copier.take(),
-            self.backup.take(),
             self.tls_reloader.take(),
             self.joiner.take(),
             self.trimmer.take(),
@@ -558,6 +563,14 @@ impl Running {
             );
         } else {
             tracing::info!("every change written");
+        }
+        // Only now: until the final writes are done, the backup holds what
+        // they have not written, and takes this node over should its
+        // machine be lost meanwhile (the stream breaks, the lease lapses).
+        // Ended earlier, the journal alone held it (found in review).
+        if let Some((stop, backup)) = self.backup.take() {
+            stop.cancel();
+            let _ = backup.await;
         }
         if let Some(journal) = self.journal.take() {
             // Kept whole if something is unwritten: the next start replays it.
