@@ -36,6 +36,7 @@ mod eviction;
 mod handoff;
 mod rejournal;
 mod replayed;
+mod watched_members;
 mod watchers;
 mod writes;
 
@@ -164,6 +165,9 @@ pub(crate) struct Shard {
     /// The streams watching each watched user, cached or not: a watched user
     /// that is evicted and loaded again is still watched.
     watchers: HashMap<u64, Vec<Subscriber>>,
+    /// The watched users by the channels counted by channel they are
+    /// members of, for recounts.
+    watched_members: watched_members::WatchedMembers,
     /// Zero of the shard's clocks: milliseconds for write deadlines, ticks
     /// for [`CachedUser::since`].
     epoch: Instant,
@@ -204,6 +208,7 @@ impl Shard {
             stats: ShardStats::default(),
             wake: false,
             watchers: HashMap::new(),
+            watched_members: watched_members::WatchedMembers::default(),
             epoch: Instant::now(),
             deletions,
             channels,

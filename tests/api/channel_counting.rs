@@ -516,6 +516,89 @@ async fn watched_members_are_told_their_counts_a_few_times_a_second() {
     assert!(quiet.await.is_err(), "no event without a message");
 }
 
+/// The next Watch event, which must be a `recounted` one: (user, unread
+/// count of the first read state).
+async fn next_recount(events: &mut tonic::Streaming<WatchEvent>) -> (u64, u32) {
+    let next = tokio::time::timeout(Duration::from_secs(2), events.message());
+    let event = next.await.expect("a recount event").unwrap().unwrap();
+    let Some(watch_event::Event::Recounted(recounted)) = event.event else {
+        panic!("not a recount: {event:?}");
+    };
+    (event.user_id, recounted.read_states[0].unread_count)
+}
+
+/// Issue 38: a recount looks only at the watched members of the channels
+/// whose counts moved. A watched user who joins a channel counted by
+/// channel after it subscribed is one of them from then on.
+#[tokio::test]
+async fn a_watched_user_who_joins_a_channel_counted_by_channel_is_told_its_counts() {
+    let mut app = counted_channel(&[]).await;
+    app.client.ack(ack(1, CHANNEL + 1, 5)).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1]).await;
+    events.message().await.unwrap().unwrap();
+    app.client.ack(join(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    events.message().await.unwrap().unwrap();
+    app.client
+        .message_created(message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(next_recount(&mut events).await, (1, 1));
+}
+
+/// Issue 38: a channel switched to counting by channel after its watched
+/// members subscribed: they are told their counts too.
+#[tokio::test]
+async fn watched_members_of_a_channel_switched_after_they_subscribed_are_told_their_counts() {
+    let mut app = spawn_app().await;
+    app.client.ack(ack(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1]).await;
+    events.message().await.unwrap().unwrap();
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    c.message_created(message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(next_recount(&mut events).await, (1, 1));
+}
+
+/// Issue 38: a recount's cost follows the members told, not the watched
+/// users: it loads an evicted watched member of the channel, and no
+/// evicted watched user of other channels (it loaded every one before).
+#[tokio::test]
+async fn a_recount_loads_no_evicted_watched_user_outside_its_channels() {
+    let store = Arc::new(FaultyStore::memory());
+    let mut config = test_config();
+    config.shards = 1;
+    config.cache_capacity = 20;
+    config.write_delay = Duration::from_millis(50);
+    let mut app = spawn_app_on(config, store.clone()).await;
+    let c = &mut app.client;
+    c.set_channel_counting(switch(CHANNEL, SWITCHED_AT))
+        .await
+        .unwrap();
+    c.ack(join(1, CHANNEL, SWITCHED_AT)).await.unwrap();
+    c.ack(ack(2, CHANNEL + 1, 5)).await.unwrap();
+    let (_requests, mut events) = watching(&mut app, &[1, 2]).await;
+    for _ in [1, 2] {
+        events.message().await.unwrap().unwrap();
+    }
+    // Written, then pushed out by 40 other users.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for user_id in 100..140 {
+        app.client.ack(ack(user_id, 7, 5)).await.unwrap();
+    }
+    let loads = store.loads();
+    app.client
+        .message_created(message(CHANNEL, SWITCHED_AT + 1, 0, &[], &[]))
+        .await
+        .unwrap();
+    assert_eq!(next_recount(&mut events).await, (1, 1));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(store.loads() - loads, 1, "loaded user 1 only");
+}
+
 /// With a write delay of zero, a channel's change is written before its
 /// request answers, as a user's is; a failed write is UNAVAILABLE "retried
 /// in the background", stays applied, and is written once the store is back.

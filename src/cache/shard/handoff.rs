@@ -97,7 +97,7 @@ impl Shard {
     pub(crate) fn hand_off(&mut self, ids: &[u64]) -> usize {
         let mut held = 0;
         for &user_id in ids {
-            if let Some(subscribers) = self.watchers.remove(&user_id) {
+            if let Some(subscribers) = self.remove_watchers(user_id) {
                 for subscriber in subscribers {
                     subscriber.feed.moved(user_id, subscriber.version);
                 }
@@ -178,7 +178,7 @@ impl Shard {
     pub(crate) fn let_go(&mut self, ids: &[u64]) -> usize {
         let mut kept = 0;
         for &user_id in ids {
-            if let Some(subscribers) = self.watchers.remove(&user_id) {
+            if let Some(subscribers) = self.remove_watchers(user_id) {
                 for subscriber in subscribers {
                     subscriber.feed.moved(user_id, subscriber.version);
                 }

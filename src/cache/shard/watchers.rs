@@ -6,7 +6,8 @@
 use std::sync::Arc;
 
 use super::{Shard, Subscriber};
-use crate::cache::users::Flags;
+use crate::cache::users::{Flags, Slot};
+use crate::read_state::Kind;
 use crate::watch::{Change, Feed, Offer};
 
 impl Shard {
@@ -27,8 +28,13 @@ impl Shard {
             });
         }
         let watched = !subscribers.is_empty();
-        if !watched {
-            self.watchers.remove(&user_id);
+        if watched {
+            // Built again now if a channel was counted since, while the
+            // watched users may still be held (not at the next recount).
+            self.fresh_watched_members();
+            self.index_watched(user_id, slot);
+        } else {
+            self.remove_watchers(user_id);
         }
         self.users.get_mut(slot).flags.set(Flags::WATCHED, watched);
         Some(())
@@ -56,6 +62,15 @@ impl Shard {
             return;
         };
         let change = Arc::new(change);
+        // A read state it may have just made in a channel counted by channel.
+        let members = &mut self.watched_members;
+        self.channels.read(|channels| {
+            for shown in &change.read_states {
+                if shown.state.kind == Kind::Channel {
+                    members.add(user_id, shown.state.channel_id, channels);
+                }
+            }
+        });
         subscribers.retain_mut(|s| match s.feed.offer(change.clone()) {
             Offer::Queued => {
                 s.version = change.version;
@@ -74,11 +89,12 @@ impl Shard {
 
     /// Publishes, to the streams watching a member of the `changed`
     /// channels counted by channel, the member's counts there (counted now)
-    /// and totals. One look at each watched user held here; returns the
-    /// watched users not held (evicted), whom the caller loads.
+    /// and totals. One look at each watched member held here (see
+    /// [`super::watched_members`]); returns those not held (evicted), whom
+    /// the caller loads.
     pub(crate) fn recount(&mut self, changed: &[u64]) -> Vec<u64> {
-        let watched: Vec<u64> = self.watchers.keys().copied().collect();
-        (watched.into_iter())
+        self.fresh_watched_members();
+        (self.watched_members.of(changed).into_iter())
             .filter(|&user_id| self.recount_one(user_id, changed).is_none())
             .collect()
     }
@@ -86,6 +102,9 @@ impl Shard {
     /// [`Shard::recount`] of one watched user; `None` if it is not held.
     pub(crate) fn recount_one(&mut self, user_id: u64, changed: &[u64]) -> Option<()> {
         let slot = self.users.find(user_id)?;
+        if self.watched_members.is_unknown(user_id) {
+            self.index_watched(user_id, slot);
+        }
         let view = self.view(slot);
         let channels = self.channels.clone();
         let change = channels.read(|channels| Change::recounted(user_id, view, changed, channels));
@@ -95,8 +114,40 @@ impl Shard {
         Some(())
     }
 
+    /// Builds the index of watched members again if a channel was counted
+    /// by channel since it was built.
+    fn fresh_watched_members(&mut self) {
+        let counted = self.channels.len();
+        if !self.watched_members.stale(counted) {
+            return;
+        }
+        self.watched_members.clear(counted);
+        let watched: Vec<u64> = self.watchers.keys().copied().collect();
+        for user_id in watched {
+            match self.users.find(user_id) {
+                Some(slot) => self.index_watched(user_id, slot),
+                None => self.watched_members.unknown(user_id),
+            }
+        }
+    }
+
+    /// Indexes held, watched `user_id` under its channels counted by
+    /// channel.
+    fn index_watched(&mut self, user_id: u64, slot: Slot) {
+        let mut members = std::mem::take(&mut self.watched_members);
+        let view = self.view(slot);
+        (self.channels).read(|channels| members.index(user_id, view, channels));
+        self.watched_members = members;
+    }
+
+    /// Forgets `user_id`'s streams; they are returned.
+    pub(super) fn remove_watchers(&mut self, user_id: u64) -> Option<Vec<Subscriber>> {
+        self.watched_members.forget(user_id);
+        self.watchers.remove(&user_id)
+    }
+
     pub(super) fn unwatch(&mut self, user_id: u64) {
-        self.watchers.remove(&user_id);
+        self.remove_watchers(user_id);
         if let Some(slot) = self.users.find(user_id) {
             self.users.get_mut(slot).flags.set(Flags::WATCHED, false);
         }
