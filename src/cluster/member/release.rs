@@ -26,6 +26,10 @@ const COPY_AHEAD_ROUNDS: usize = 4;
 /// How long a handoff may go without its receiver taking a part, or
 /// answering once it has them all.
 const HAND_OVER_IDLE: Duration = Duration::from_secs(10);
+/// How often a release looks whether this node holds its lease yet, and
+/// how long it waits for it before it answers UNAVAILABLE.
+const LEASE_POLL: Duration = Duration::from_millis(20);
+const LEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// The sending end of a handoff's parts, telling each one taken.
 struct Outbox<'a> {
@@ -217,10 +221,28 @@ impl Member {
     }
 
     /// `ReleaseSlots` from the new owner of `slots` in `epoch`: answers once
-    /// this node has adopted that epoch and let go of them (or of all it
-    /// lost in it), and the users of them it replayed from its journal are
-    /// in the store (see [`Member::replayed_written`]).
+    /// this node holds its lease, has adopted that epoch and let go of them
+    /// (or of all it lost in it), and the users of them it replayed from its
+    /// journal are in the store (see [`Member::replayed_written`]).
+    ///
+    /// The lease first: a node started again on a new machine (its disk
+    /// lost) owns nothing and replayed nothing, but what its dead
+    /// incarnation answered may still be only in the copy its backup is
+    /// writing; this start takes the lease only once that backup took the
+    /// node over, the copy written, or left it (see `cluster::lease`).
+    /// Answered at once, the new owner loaded the users from a store that
+    /// lacked the copy, and its newer writes beat the copy there (found by
+    /// a review of a loss the failover simulation saw once).
     pub async fn release_slots(&self, epoch: u64, slots: &[Slot]) -> Result<(), Error> {
+        // Not waited for long: the asker looks at the ring between tries
+        // (a takeover's epoch ends its wait).
+        let deadline = tokio::time::Instant::now() + LEASE_WAIT;
+        while !self.ownership().leased() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::LeaseLapsed);
+            }
+            tokio::time::sleep(LEASE_POLL).await;
+        }
         self.let_go_of(epoch, slots).await?;
         self.replayed_written(slots).await;
         Ok(())
