@@ -28,9 +28,7 @@ use super::ring_store::{LeaseRecord, NO_BACKUP, RingStore};
 use crate::metrics::{LEASE_HELD, LEASE_RENEWALS};
 use crate::store::StoreError;
 
-/// How a lease taken by a takeover (`cluster::backup::takeover`, or an
-/// operator's `ring remove --force`) names its holder, followed by who.
-pub const TAKEOVER_BY: &str = "takeover by ";
+pub use crate::cluster::ring_store::TAKEOVER_BY;
 
 /// How long a lease lasts, and the margin others add before they take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

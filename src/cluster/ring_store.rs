@@ -125,6 +125,10 @@ pub struct LeaseRecord {
     pub backup: String,
 }
 
+/// How a lease taken by a takeover (`cluster::backup::takeover`, or an
+/// operator's `ring remove --force`) names its holder, followed by who.
+pub const TAKEOVER_BY: &str = "takeover by ";
+
 /// [`LeaseRecord::backup`] of a node whose changes rest on its own
 /// journal alone: no copy held elsewhere may take it over.
 pub const NO_BACKUP: &str = "none";
@@ -133,5 +137,12 @@ impl LeaseRecord {
     /// Whether an incarnation holds it.
     pub fn held(&self) -> bool {
         !self.holder.is_empty()
+    }
+
+    /// Whether a takeover holds it and has written every change the node
+    /// answered (it then names no copy: see `cluster::backup::takeover`):
+    /// the store is all there is of the node, and the node serves nothing.
+    pub fn copy_written_by_takeover(&self) -> bool {
+        self.holder.starts_with(TAKEOVER_BY) && self.backup == NO_BACKUP
     }
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use metrics::counter;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -215,11 +216,25 @@ impl Takeover {
             written_ahead,
             "a node this one backs up is dead (its lease lapsed): writing what it had unwritten, then taking it out of the ring"
         );
+        // Once the copy is written, the record held names none: the store
+        // has every change the node answered, so a new incarnation of it
+        // may answer `ReleaseSlots` (see `Member::release_slots`; this
+        // takeover's epoch may wait for it).
+        let copy_written = Notify::new();
         let renewing = async {
+            let mut written = false;
             loop {
-                tokio::time::sleep(self.lease.renew_every()).await;
+                tokio::select! {
+                    () = tokio::time::sleep(self.lease.renew_every()) => {}
+                    () = copy_written.notified(), if !written => written = true,
+                }
                 let next = LeaseRecord {
                     renewals: held.renewals + 1,
+                    backup: if written {
+                        NO_BACKUP.to_owned()
+                    } else {
+                        held.backup.clone()
+                    },
                     ..held.clone()
                 };
                 if let Ok(true) = self.ring_store.swap_lease(node, Some(&held), &next).await {
@@ -235,6 +250,7 @@ impl Takeover {
                 true => {}
                 false => self.write(taken).await,
             }
+            copy_written.notify_one();
             let written = started.elapsed();
             let peers = &**self.member.peers();
             let taken = admin::take_over(&*self.ring_store, peers, self.member.id(), node).await;

@@ -221,23 +221,28 @@ impl Member {
     }
 
     /// `ReleaseSlots` from the new owner of `slots` in `epoch`: answers once
-    /// this node holds its lease, has adopted that epoch and let go of them
-    /// (or of all it lost in it), and the users of them it replayed from its
-    /// journal are in the store (see [`Member::replayed_written`]).
+    /// this node holds its lease (or a takeover that wrote its copy does),
+    /// has adopted that epoch and let go of them (or of all it lost in it),
+    /// and the users of them it replayed from its journal are in the store
+    /// (see [`Member::replayed_written`]).
     ///
     /// The lease first: a node started again on a new machine (its disk
     /// lost) owns nothing and replayed nothing, but what its dead
     /// incarnation answered may still be only in the copy its backup is
     /// writing; this start takes the lease only once that backup took the
-    /// node over, the copy written, or left it (see `cluster::lease`).
-    /// Answered at once, the new owner loaded the users from a store that
-    /// lacked the copy, and its newer writes beat the copy there (found by
-    /// a review of a loss the failover simulation saw once).
+    /// node over, or left it (see `cluster::lease`). Answered at once, the
+    /// new owner loaded the users from a store that lacked the copy, and
+    /// its newer writes beat the copy there (found by a review of a loss
+    /// the failover simulation saw once). A takeover that has written the
+    /// copy says so in the lease record it holds (naming no copy): then
+    /// this start answers, since a takeover of another node may wait for it
+    /// (found by the simulation: two nodes taken over at once waited for
+    /// each other for good).
     pub async fn release_slots(&self, epoch: u64, slots: &[Slot]) -> Result<(), Error> {
         // Not waited for long: the asker looks at the ring between tries
         // (a takeover's epoch ends its wait).
         let deadline = tokio::time::Instant::now() + LEASE_WAIT;
-        while !self.ownership().leased() {
+        while !self.ownership().leased() && !self.copy_written_by_takeover().await {
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::LeaseLapsed);
             }
@@ -246,6 +251,13 @@ impl Member {
         self.let_go_of(epoch, slots).await?;
         self.replayed_written(slots).await;
         Ok(())
+    }
+
+    /// Whether a takeover holds this node's lease and has written every
+    /// change its copy held (see `cluster::backup::takeover`).
+    async fn copy_written_by_takeover(&self) -> bool {
+        let lease = self.inner.ring_store.lease(self.id()).await;
+        lease.is_ok_and(|r| r.is_some_and(|r| r.copy_written_by_takeover()))
     }
 
     /// Waits until the users of `slots` this node replayed from its journal

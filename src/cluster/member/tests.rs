@@ -10,8 +10,10 @@ use super::*;
 use crate::cache::CacheConfig;
 use crate::cluster::admin::{self, RingChange};
 use crate::cluster::credential::FleetCredential;
+use crate::cluster::lease::TAKEOVER_BY;
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::ring_store::memory::MemoryRingStore;
+use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingStore};
 use crate::error::Error;
 use crate::journal::Replayed;
 use crate::read_state::{Key, UserReadStates};
@@ -79,7 +81,7 @@ async fn a_release_waits_until_this_start_holds_its_lease() {
         Arc::new(FaultyStore::memory()),
         Arc::new(Ownership::member()),
     );
-    let (member, stop) = node_a(ring_store, cache).await;
+    let (member, stop) = node_a(ring_store.clone(), cache).await;
 
     let slots = [slot_of(user)];
     let refused = member.release_slots(2, &slots).await;
@@ -87,12 +89,47 @@ async fn a_release_waits_until_this_start_holds_its_lease() {
         matches!(refused, Err(Error::LeaseLapsed)),
         "released without its lease: {refused:?}"
     );
+    // A takeover holds the lease: refused while it still writes the copy,
+    // answered once it says the copy is written (its epoch may wait for
+    // this node: found by the failover simulation, two nodes taken over at
+    // once by one backup waited for each other for good).
+    let mut taken = LeaseRecord {
+        holder: format!("{TAKEOVER_BY}b"),
+        renewals: 1,
+        backup: "b/1/1".to_owned(),
+    };
+    assert!(ring_store.swap_lease("a", None, &taken).await.unwrap());
+    let refused = member.release_slots(2, &slots).await;
+    assert!(matches!(refused, Err(Error::LeaseLapsed)), "{refused:?}");
+    let written = LeaseRecord {
+        renewals: 2,
+        backup: NO_BACKUP.to_owned(),
+        ..taken.clone()
+    };
+    assert!(
+        ring_store
+            .swap_lease("a", Some(&taken), &written)
+            .await
+            .unwrap()
+    );
+    taken = written;
+    (member.release_slots(2, &slots).await).expect("released once the copy is written");
+    let free = LeaseRecord {
+        holder: String::new(),
+        renewals: 3,
+        ..taken.clone()
+    };
+    assert!(
+        ring_store
+            .swap_lease("a", Some(&taken), &free)
+            .await
+            .unwrap()
+    );
+    let refused = member.release_slots(2, &slots).await;
+    assert!(matches!(refused, Err(Error::LeaseLapsed)), "{refused:?}");
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
     member.ownership().lease(Some(until));
-    member
-        .release_slots(2, &slots)
-        .await
-        .expect("released once leased");
+    (member.release_slots(2, &slots).await).expect("released once leased");
     stop.cancel();
 }
 
