@@ -8,9 +8,9 @@
 //! watched member of them one `recounted` event with their counts then. So a
 //! watched member gets at most four such events a second, whatever the
 //! message rate, and a message costs no event per member. A tick with marks
-//! looks once at each watched user held by the node (its read states of the
-//! marked channels), loading those the cache evicted; a tick without costs
-//! nothing.
+//! looks once at each watched member of the marked channels (each shard
+//! indexes its watched users by channel: `shard/watched_members.rs`),
+//! loading those the cache evicted; a tick without costs nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
