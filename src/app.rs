@@ -310,9 +310,10 @@ impl Application {
                     let copying = tokio::spawn(copier.clone().run(stop.clone()));
                     // Its unwritten changes held by the next node, which
                     // takes over should it die; and the same for others.
-                    // Stopped after the final writes, not with `stop`: what
-                    // they have not written yet is held there too, should
-                    // the machine be lost meanwhile (see `Running::stop`).
+                    // The stream stops after the final writes, not with
+                    // `stop`: what they have not written yet is held there
+                    // too, should the machine be lost meanwhile (see
+                    // `Running::stop`).
                     let backup_stop = CancellationToken::new();
                     let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
                     let mirror = backed_up.map(|journal| {
@@ -329,8 +330,11 @@ impl Application {
                         store: cache.store().clone(),
                         lease: config.lease(),
                     };
+                    // Takeovers stop with `stop`: a takeover of another
+                    // node started during the final writes would be cut off
+                    // by the end of this one (found in review).
                     let backup = tokio::spawn({
-                        let stop = backup_stop.clone();
+                        let stop = stop.clone();
                         async move {
                             let mirroring = async {
                                 if let Some(mirror) = mirror {
@@ -476,8 +480,8 @@ pub struct Running {
     /// A fleet node's copier of channels counted by channel, stopped with
     /// `stop`.
     copier: Option<JoinHandle<()>>,
-    /// A fleet node's backup stream and takeovers, stopped after the final
-    /// writes.
+    /// A fleet node's backup stream, stopped after the final writes, and
+    /// takeovers, stopped with `stop`.
     backup: Option<(CancellationToken, JoinHandle<()>)>,
     /// Reads the TLS files again now and then, stopped with `stop`.
     tls_reloader: Option<JoinHandle<()>>,

@@ -23,7 +23,7 @@
 //! cache (see `cache::gate`): the node flips slots, then waits on the gate's
 //! barrier for every change that might have seen them served.
 
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 use readstates_routing::{SLOTS, Slot, slot_of};
 use tokio::time::Instant;
@@ -68,6 +68,8 @@ pub struct Ownership {
     /// Until when `Serving` slots are served: nanoseconds since `base`
     /// (`u64::MAX`: for good).
     lease_until: AtomicU64,
+    /// Whether the lease was ever held (see `Member::release_slots`).
+    leased_once: AtomicBool,
     base: Instant,
 }
 
@@ -95,6 +97,7 @@ impl Ownership {
             states: (0..SLOTS).map(|_| AtomicU8::new(state as u8)).collect(),
             generations: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
             lease_until: AtomicU64::new(lease_until),
+            leased_once: AtomicBool::new(lease_until > 0),
             base: Instant::now(),
         }
     }
@@ -102,11 +105,19 @@ impl Ownership {
     /// Serves the `Serving` slots until `until` (`None`: for good, as a
     /// fleet simulated without leases).
     pub fn lease(&self, until: Option<Instant>) {
+        if until.is_none_or(|until| until > Instant::now()) {
+            self.leased_once.store(true, Ordering::SeqCst);
+        }
         let until = until.map_or(u64::MAX, |until| {
             let nanos = until.saturating_duration_since(self.base).as_nanos();
             u64::try_from(nanos).unwrap_or(u64::MAX - 1)
         });
         self.lease_until.store(until, Ordering::SeqCst);
+    }
+
+    /// Whether this start has held its lease at all.
+    pub fn leased_once(&self) -> bool {
+        self.leased_once.load(Ordering::SeqCst)
     }
 
     /// Whether the lease is held now.

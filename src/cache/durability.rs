@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::Cache;
+use super::shard::Shard;
 use crate::clock;
 use crate::error::Error;
 use crate::journal::{Journal, Replayed};
@@ -36,6 +37,17 @@ impl Cache {
             });
         }
         self.channels.replay(replayed.channels);
+    }
+
+    /// Drops the users replayed at start and not written yet, without
+    /// writing them: this node was taken over, and its takeover wrote every
+    /// change it answered (what else the journal held was never answered).
+    /// Written, they would only lose to the newer versions in the store.
+    /// Returns how many.
+    pub fn drop_replayed(&self) -> usize {
+        (0..self.shards.len())
+            .map(|index| self.with_shard(index, Shard::drop_replayed))
+            .sum()
     }
 
     /// Journals again every change the store may lack, users' and

@@ -14,7 +14,7 @@ use readstates_routing::{Node, RingError, Slot};
 use super::lease::TAKEOVER_BY;
 use super::lease::{self, LeaseConfig, Seen};
 use super::peers::Peers;
-use super::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
+use super::ring_store::{LeaseRecord, NO_BACKUP, OPERATOR_TAKEOVER, RingRecord, RingStore};
 use crate::store::StoreError;
 
 /// A change to the ring, each making a new epoch.
@@ -261,7 +261,7 @@ pub async fn remove_dead(
         });
     }
     let mut held = LeaseRecord {
-        holder: format!("{TAKEOVER_BY}an operator"),
+        holder: OPERATOR_TAKEOVER.to_owned(),
         renewals: seen.as_ref().map_or(0, |seen| seen.renewals + 1),
         backup: NO_BACKUP.to_owned(),
     };
@@ -329,8 +329,37 @@ pub async fn take_over(
         let done = |id: &str| {
             let_go.get(id) == Some(&epoch) || progress.get(id).is_some_and(|&e| e >= epoch)
         };
-        let owed = owed_to(&record, dead);
-        if let Some((sender, slots)) = (owed.into_iter()).find(|(sender, _)| !done(&sender.id)) {
+        // Nor is a node taken over too, its copy written (two nodes dead at
+        // once), waited for: it reports no epoch until it is out of the
+        // ring, and the store holds all it answered (found by the failover
+        // simulation: two takeovers by one backup waited for each other).
+        // The slots handed to it are settled as the dead one's are (found
+        // in review: else their sender might still serve them).
+        let mut waiting = record.waiting_on(&progress);
+        waiting.retain(|node| node != dead);
+        let (mut skipped, mut still) = (Vec::new(), Vec::new());
+        for node in waiting {
+            let lease = store.lease(&node).await?;
+            if lease.is_some_and(|l| l.copy_written_by_takeover()) {
+                skipped.push(node);
+            } else {
+                still.push(node);
+            }
+        }
+        let dead_too = |id: &str| id == dead || skipped.iter().any(|s| s == id);
+        // Each sender asked once for all it owes them: its answer counts
+        // for the epoch.
+        let mut owed: BTreeMap<String, (Node, Vec<Slot>)> = BTreeMap::new();
+        let to_them = std::iter::once(dead).chain(skipped.iter().map(String::as_str));
+        for (sender, slots) in to_them.flat_map(|to| owed_to(&record, to)) {
+            if !dead_too(&sender.id) {
+                let entry = owed
+                    .entry(sender.id.clone())
+                    .or_insert((sender, Vec::new()));
+                entry.1.extend(slots);
+            }
+        }
+        if let Some((sender, slots)) = owed.into_values().find(|(sender, _)| !done(&sender.id)) {
             // Until it answers, or is forced or taken over itself (then in
             // `released`), or the epoch moves on.
             match peers
@@ -353,19 +382,6 @@ pub async fn take_over(
         if owes && !record.released.contains(dead) {
             store.release(record.ring.epoch(), dead).await?;
             continue;
-        }
-        let mut waiting = record.waiting_on(&progress);
-        waiting.retain(|node| node != dead);
-        // Nor for a node taken over too, its copy written (two nodes dead
-        // at once): it reports no epoch until it is out of the ring, and
-        // the store holds all it answered (found by the failover
-        // simulation: two takeovers by one backup waited for each other).
-        let mut still = Vec::new();
-        for node in waiting {
-            let lease = store.lease(&node).await?;
-            if !lease.is_some_and(|l| l.copy_written_by_takeover()) {
-                still.push(node);
-            }
         }
         if !still.is_empty() {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -771,6 +787,53 @@ mod tests {
         assert_eq!(taken.ring.epoch(), 5);
         assert!(taken.ring.node("d").is_none() && taken.released.contains("d"));
         assert!(peers.asked.lock().unwrap().is_empty());
+    }
+
+    /// Found in review: a node taken over too is not waited for, but the
+    /// slots others hand it are: here x drains to a and d, d dies and is
+    /// taken over (its copy written), and e (weight 0) dies; the takeover of
+    /// e asks x to let d's slots go before it makes its epoch (else x could
+    /// still serve them beside their next owner).
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_settles_the_slots_handed_to_a_node_taken_over_too() {
+        let store = Arc::new(MemoryRingStore::default());
+        let joins = [(1, "a", 100), (2, "x", 100), (3, "d", 100), (4, "e", 0)];
+        for (epoch, id, weight) in joins {
+            change(&*store, RingChange::Add(node(id, weight)))
+                .await
+                .unwrap();
+            for id in ["a", "x", "d", "e"] {
+                store.report(id, epoch).await.unwrap();
+            }
+        }
+        let drain = RingChange::SetWeight {
+            node: "x".into(),
+            weight: 0,
+        };
+        let draining = change(&*store, drain).await.unwrap();
+        let to_d = (draining.moving())
+            .filter(|&(slot, from)| {
+                from == Some("x") && draining.ring.owner(slot).is_some_and(|n| n.id == "d")
+            })
+            .count();
+        assert!(to_d > 0);
+        store.report("a", 5).await.unwrap();
+        let d_written = lease_of(&format!("{TAKEOVER_BY}b"), NO_BACKUP);
+        assert!(store.swap_lease("d", None, &d_written).await.unwrap());
+        let peers = letting();
+        let taking = tokio::spawn({
+            let (store, peers) = (store.clone(), peers.clone());
+            async move { take_over(&*store, &*peers, "b", "e").await }
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(store.load().await.unwrap().ring.epoch(), 5, "x not asked");
+        assert_eq!(
+            *peers.asked.lock().unwrap(),
+            [("x:50051".to_owned(), 5, to_d)]
+        );
+        peers.let_go.send_replace(true);
+        let taken = taking.await.unwrap().unwrap();
+        assert!(taken.ring.node("e").is_none() && taken.released.contains("e"));
     }
 
     fn lease_of(holder: &str, backup: &str) -> LeaseRecord {

@@ -350,6 +350,17 @@ impl Holder {
                             Seen::Live => match store.lease(self.node()).await? {
                                 Some(r) if r.holder.starts_with(TAKEOVER_BY) => {
                                     tracing::info!(holder = %r.holder, "this node is being taken over; waiting for it");
+                                    // Its journal's replay holds nothing the
+                                    // store will lack: dropped, not written.
+                                    if r.copy_written_by_takeover() {
+                                        let dropped = self.member.cache().drop_replayed();
+                                        if dropped > 0 {
+                                            tracing::info!(
+                                                users = dropped,
+                                                "taken over, the copy written: the users replayed from the journal are dropped, not written"
+                                            );
+                                        }
+                                    }
                                 }
                                 _ => tracing::error!(
                                     "another process renews this node's lease: is this node id running twice?"

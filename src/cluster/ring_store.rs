@@ -129,6 +129,10 @@ pub struct LeaseRecord {
 /// operator's `ring remove --force`) names its holder, followed by who.
 pub const TAKEOVER_BY: &str = "takeover by ";
 
+/// The holder an operator's `ring remove --force` records: it has no copy
+/// to write.
+pub const OPERATOR_TAKEOVER: &str = "takeover by an operator";
+
 /// [`LeaseRecord::backup`] of a node whose changes rest on its own
 /// journal alone: no copy held elsewhere may take it over.
 pub const NO_BACKUP: &str = "none";
@@ -139,10 +143,13 @@ impl LeaseRecord {
         !self.holder.is_empty()
     }
 
-    /// Whether a takeover holds it and has written every change the node
-    /// answered (it then names no copy: see `cluster::backup::takeover`):
-    /// the store is all there is of the node, and the node serves nothing.
+    /// Whether a backup's takeover holds it and has written every change
+    /// the node answered (it then names no copy: see
+    /// `cluster::backup::takeover`): the store is all there is of the node,
+    /// and the node serves nothing. Not an operator's, which has no copy.
     pub fn copy_written_by_takeover(&self) -> bool {
-        self.holder.starts_with(TAKEOVER_BY) && self.backup == NO_BACKUP
+        self.holder.starts_with(TAKEOVER_BY)
+            && self.holder != OPERATOR_TAKEOVER
+            && self.backup == NO_BACKUP
     }
 }

@@ -92,6 +92,17 @@ impl Shard {
         }
     }
 
+    /// Drops every replayed write not taken by a load: a takeover wrote
+    /// what they hold (see [`crate::cache::Cache::drop_replayed`]). Returns
+    /// how many.
+    pub(crate) fn drop_replayed(&mut self) -> usize {
+        let ids: Vec<u64> = self.replayed.keys().copied().collect();
+        for &user_id in &ids {
+            self.take_replayed(user_id);
+        }
+        ids.len()
+    }
+
     /// Queues those of `ids` replayed and not being written for a write now.
     pub(crate) fn expedite_replayed(&mut self, ids: &[u64]) {
         for &user_id in ids {

@@ -128,6 +128,13 @@ impl Backups {
         let Some(held) = nodes.get_mut(node, stream) else {
             return Err("replaced by a newer stream from the same node".into());
         };
+        // An earlier incarnation's copy, kept broken for its takeover (see
+        // `open`), takes in nothing more: its takeover may write it ahead
+        // and then say so (found in review: a sender still inside its lease
+        // went on answering changes the copy written lacked).
+        if held.broken {
+            return Err("a newer start of the node streams: this copy takes no more".into());
+        }
         held.bytes += frames.len();
         held.batches.push_back((end, frames));
         held.held = held.held.max(end);

@@ -376,3 +376,52 @@ async fn a_restart_takes_a_lease_naming_a_copy_nobody_acts_on_a_lapse_later() {
         "{waited:?}"
     );
 }
+
+/// Issue 37: a node that comes back drops what it held without writing it.
+/// Started again in place while its backup takes it over, it waits; once
+/// the takeover's record says the copy is written, the users it replayed
+/// from its journal are dropped (the store has every change it answered),
+/// not before (the copy might yet be lost with the backup).
+#[tokio::test(start_paused = true)]
+async fn a_start_being_taken_over_drops_what_it_replayed_once_the_copy_is_written() {
+    let store = Arc::new(MemoryRingStore::default());
+    let taking = LeaseRecord {
+        holder: format!("{TAKEOVER_BY}b"),
+        renewals: 1,
+        backup: "b/a1/0".to_owned(),
+    };
+    assert!(store.swap_lease(NODE, None, &taking).await.unwrap());
+    let start = Start::new(&store);
+    let cache = start.member.cache().clone();
+    let mut acked = crate::read_state::UserReadStates::default();
+    acked.ack(crate::read_state::Key::channel(10), 5, 1);
+    cache.replay(crate::journal::Replayed {
+        users: [(1, crate::store::UserWrite::of(1, &acked))].into(),
+        ..crate::journal::Replayed::default()
+    });
+    tokio::time::sleep(CONFIG.lapse()).await;
+    assert_eq!(
+        cache.unwritten(),
+        1,
+        "dropped while the copy may be unwritten"
+    );
+    let written = LeaseRecord {
+        renewals: 2,
+        backup: NO_BACKUP.to_owned(),
+        ..taking.clone()
+    };
+    assert!(
+        store
+            .swap_lease(NODE, Some(&taking), &written)
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(CONFIG.lapse()).await;
+    assert_eq!(
+        cache.unwritten(),
+        0,
+        "the replayed user is kept to be written"
+    );
+    assert!(!start.serves(), "served while taken over");
+    start.crash();
+}

@@ -221,10 +221,10 @@ impl Member {
     }
 
     /// `ReleaseSlots` from the new owner of `slots` in `epoch`: answers once
-    /// this node holds its lease (or a takeover that wrote its copy does),
-    /// has adopted that epoch and let go of them (or of all it lost in it),
-    /// and the users of them it replayed from its journal are in the store
-    /// (see [`Member::replayed_written`]).
+    /// this start has held its lease (or a takeover that wrote its copy
+    /// holds it), has adopted that epoch and let go of them (or of all it
+    /// lost in it), and the users of them it replayed from its journal are
+    /// in the store (see [`Member::replayed_written`]).
     ///
     /// The lease first: a node started again on a new machine (its disk
     /// lost) owns nothing and replayed nothing, but what its dead
@@ -233,16 +233,18 @@ impl Member {
     /// node over, or left it (see `cluster::lease`). Answered at once, the
     /// new owner loaded the users from a store that lacked the copy, and
     /// its newer writes beat the copy there (found by a review of a loss
-    /// the failover simulation saw once). A takeover that has written the
-    /// copy says so in the lease record it holds (naming no copy): then
-    /// this start answers, since a takeover of another node may wait for it
-    /// (found by the simulation: two nodes taken over at once waited for
-    /// each other for good).
+    /// the failover simulation saw once). Once held, losing the lease does
+    /// not stop releases: what this start answered is in its own memory (a
+    /// node cut from the ring store hands its users over as before). A
+    /// takeover that has written the copy says so in the lease record it
+    /// holds (naming no copy): then this start answers, since a takeover of
+    /// another node may wait for it (found by the simulation: two nodes
+    /// taken over at once waited for each other for good).
     pub async fn release_slots(&self, epoch: u64, slots: &[Slot]) -> Result<(), Error> {
         // Not waited for long: the asker looks at the ring between tries
         // (a takeover's epoch ends its wait).
         let deadline = tokio::time::Instant::now() + LEASE_WAIT;
-        while !self.ownership().leased() && !self.copy_written_by_takeover().await {
+        while !self.ownership().leased_once() && !self.copy_written_by_takeover().await {
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::LeaseLapsed);
             }

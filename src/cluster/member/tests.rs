@@ -13,7 +13,7 @@ use crate::cluster::credential::FleetCredential;
 use crate::cluster::lease::TAKEOVER_BY;
 use crate::cluster::peers::GrpcPeers;
 use crate::cluster::ring_store::memory::MemoryRingStore;
-use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingStore};
+use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, OPERATOR_TAKEOVER, RingStore};
 use crate::error::Error;
 use crate::journal::Replayed;
 use crate::read_state::{Key, UserReadStates};
@@ -130,6 +130,36 @@ async fn a_release_waits_until_this_start_holds_its_lease() {
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
     member.ownership().lease(Some(until));
     (member.release_slots(2, &slots).await).expect("released once leased");
+    stop.cancel();
+}
+
+/// Found in review: a node that held its lease and lost it (cut from the
+/// ring store) still answers releases: what it answered is in its own
+/// memory, and it hands its users over as before. And an operator's
+/// removal, which has no copy to write, never reads as a copy written.
+#[tokio::test(start_paused = true)]
+async fn a_start_that_held_its_lease_answers_releases_without_it() {
+    let (ring_store, user) = ring_of_a_and_b().await;
+    let cache = Cache::with_ownership(
+        CacheConfig::default(),
+        Arc::new(FaultyStore::memory()),
+        Arc::new(Ownership::member()),
+    );
+    let (member, stop) = node_a(ring_store.clone(), cache).await;
+    let slots = [slot_of(user)];
+    let operator = LeaseRecord {
+        holder: OPERATOR_TAKEOVER.to_owned(),
+        renewals: 1,
+        backup: NO_BACKUP.to_owned(),
+    };
+    assert!(ring_store.swap_lease("a", None, &operator).await.unwrap());
+    let refused = member.release_slots(2, &slots).await;
+    assert!(matches!(refused, Err(Error::LeaseLapsed)), "{refused:?}");
+    let now = tokio::time::Instant::now();
+    member.ownership().lease(Some(now + Duration::from_secs(3)));
+    member.ownership().lease(Some(now));
+    assert!(!member.ownership().leased());
+    (member.release_slots(2, &slots).await).expect("released after the lease lapsed");
     stop.cancel();
 }
 

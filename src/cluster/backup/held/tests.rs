@@ -101,3 +101,21 @@ fn frames_that_do_not_read_are_refused() {
     let refused = backups.batch("n1", stream, frames, 10);
     assert!(refused.is_err_and(|e| e.contains("offset 0")));
 }
+
+/// Found in review: an earlier incarnation's copy, kept broken once a new
+/// start streams, still took in batches from its sender (cut from the ring
+/// store but inside its lease, it went on answering), after its takeover
+/// had written it ahead and said the copy was written. It takes no more.
+#[test]
+fn an_earlier_incarnations_copy_takes_no_batch_once_a_new_start_streams() {
+    let backups = Backups::new();
+    let old = backups.open("x", "i1", "b/x1/0");
+    backups.batch("x", old, ack(7, 10, 5, 100), 10).unwrap();
+    backups.complete_at("x", old, 0);
+    let new = backups.open("x", "i2", "b/x2/0");
+    assert!(backups.batch("x", new, ack(8, 10, 5, 100), 10).is_ok());
+    let late = backups.batch("x", old, ack(7, 10, 6, 101), 20);
+    assert!(late.is_err(), "a broken copy took a batch: {late:?}");
+    let taken = backups.take("x", old).expect("the copy is kept");
+    assert_eq!(acked(&taken, 7, 10), Some(5));
+}
