@@ -304,7 +304,9 @@ pub async fn remove_dead(
 /// current epoch are released first (as `ring release --force` does); a
 /// handoff under way among the others is then waited for, and so is every
 /// node that was handing slots to `dead` and has not reported the epoch
-/// (it does once its releases are done), asked through `peers` as `me`:
+/// (it does once its releases are done), asked through `peers` as `me`
+/// (a node taken over too, its copy written, is not waited for; the slots
+/// handed to it are settled the same way):
 /// one whose handoff failed writes those users to the store before it lets
 /// them go, and their next owners must find them there. Such a sender that
 /// died too, and is out of the ring (so nothing takes it over), holds the
@@ -329,12 +331,13 @@ pub async fn take_over(
         let done = |id: &str| {
             let_go.get(id) == Some(&epoch) || progress.get(id).is_some_and(|&e| e >= epoch)
         };
-        // Nor is a node taken over too, its copy written (two nodes dead at
-        // once), waited for: it reports no epoch until it is out of the
-        // ring, and the store holds all it answered (found by the failover
-        // simulation: two takeovers by one backup waited for each other).
-        // The slots handed to it are settled as the dead one's are (found
-        // in review: else their sender might still serve them).
+        // The nodes yet to report the epoch are waited for, but not one
+        // taken over too, its copy written (two nodes dead at once): it
+        // reports no epoch until it is out of the ring, and the store holds
+        // all it answered (found by the failover simulation: two takeovers
+        // by one backup waited for each other). The slots handed to it are
+        // settled as the dead one's are (found in review: else their sender
+        // might still serve them).
         let mut waiting = record.waiting_on(&progress);
         waiting.retain(|node| node != dead);
         let (mut skipped, mut still) = (Vec::new(), Vec::new());

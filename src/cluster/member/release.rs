@@ -26,9 +26,9 @@ const COPY_AHEAD_ROUNDS: usize = 4;
 /// How long a handoff may go without its receiver taking a part, or
 /// answering once it has them all.
 const HAND_OVER_IDLE: Duration = Duration::from_secs(10);
-/// How often a release looks whether this node holds its lease yet, and
-/// how long it waits for it before it answers UNAVAILABLE.
+/// How often a release looks whether this start has held its lease yet.
 const LEASE_POLL: Duration = Duration::from_millis(20);
+/// How long a release waits for that before it answers UNAVAILABLE.
 const LEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// The sending end of a handoff's parts, telling each one taken.
