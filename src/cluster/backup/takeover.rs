@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::backup_of;
 use super::held::{Backups, Taken};
 use super::sightings::Sightings;
-use crate::cluster::admin;
+use crate::cluster::admin::{self, AdminError};
 use crate::cluster::lease::{LeaseConfig, TAKEOVER_BY};
 use crate::cluster::member::Member;
 use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
@@ -45,6 +45,9 @@ const WRITES: usize = 32;
 const ANNOUNCE: Duration = Duration::from_secs(5);
 /// How long a failed write rests before it is tried again.
 const RETRY: Duration = Duration::from_millis(200);
+/// How long a takeover rests when its epoch could not be made (the ring
+/// store failed) before it tries again.
+const RETRY_EPOCH: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct Takeover {
@@ -253,7 +256,18 @@ impl Takeover {
             copy_written.notify_one();
             let written = started.elapsed();
             let peers = &**self.member.peers();
-            let taken = admin::take_over(&*self.ring_store, peers, self.member.id(), node).await;
+            // Tried again while the lease is held: given up, the node
+            // would wait for an operator (found in review).
+            let taken = loop {
+                let store = &*self.ring_store;
+                match admin::take_over(store, peers, self.member.id(), node).await {
+                    Err(AdminError::Store(e)) => {
+                        tracing::warn!(node, error = %e, "cannot make the takeover's epoch yet; trying again");
+                        tokio::time::sleep(RETRY_EPOCH).await;
+                    }
+                    taken => break taken,
+                }
+            };
             (taken, written)
         };
         let (result, written) = tokio::select! {
