@@ -669,28 +669,42 @@ mod tests {
     /// to a and d; a serves its share (and says so), d dies before it
     /// serves its own. Returns the store and how many slots x owes d.
     async fn x_draining_to_a_dead_d() -> (Arc<MemoryRingStore>, usize) {
+        let store = served_ring(&[("a", 100), ("x", 100), ("d", 100)]).await;
+        let to_d = x_drains(&store).await;
+        (store, to_d)
+    }
+
+    /// A ring of `nodes` (id, weight), each added in an epoch of its own
+    /// that every node served.
+    async fn served_ring(nodes: &[(&str, u32)]) -> Arc<MemoryRingStore> {
         let store = Arc::new(MemoryRingStore::default());
-        for (epoch, id) in [(1, "a"), (2, "x"), (3, "d")] {
-            change(&*store, RingChange::Add(node(id, 100)))
+        for (epoch, &(id, weight)) in (1..).zip(nodes) {
+            change(&*store, RingChange::Add(node(id, weight)))
                 .await
                 .unwrap();
-            for id in ["a", "x", "d"] {
+            for &(id, _) in nodes {
                 store.report(id, epoch).await.unwrap();
             }
         }
+        store
+    }
+
+    /// x set to weight 0, its slots going to the others; a serves its
+    /// share (and says so). Returns how many slots x owes d.
+    async fn x_drains(store: &MemoryRingStore) -> usize {
         let drain = RingChange::SetWeight {
             node: "x".into(),
             weight: 0,
         };
-        let draining = change(&*store, drain).await.unwrap();
+        let draining = change(store, drain).await.unwrap();
         let to_d = (draining.moving())
             .filter(|&(slot, from)| {
                 from == Some("x") && draining.ring.owner(slot).is_some_and(|n| n.id == "d")
             })
             .count();
         assert!(to_d > 0);
-        store.report("a", 4).await.unwrap();
-        (store, to_d)
+        store.report("a", draining.ring.epoch()).await.unwrap();
+        to_d
     }
 
     fn letting() -> Arc<Letting> {
@@ -746,15 +760,7 @@ mod tests {
     /// written, is not waited for: the store holds all it answered.
     #[tokio::test(start_paused = true)]
     async fn a_takeover_does_not_wait_for_a_node_taken_over_too() {
-        let store = Arc::new(MemoryRingStore::default());
-        for (epoch, id) in [(1, "a"), (2, "x"), (3, "d")] {
-            change(&*store, RingChange::Add(node(id, 100)))
-                .await
-                .unwrap();
-            for id in ["a", "x", "d"] {
-                store.report(id, epoch).await.unwrap();
-            }
-        }
+        let store = served_ring(&[("a", 100), ("x", 100), ("d", 100)]).await;
         // x and d hand slots to a, and die; only a reports the epoch.
         let grow = RingChange::SetWeight {
             node: "a".into(),
@@ -799,28 +805,8 @@ mod tests {
     /// still serve them beside their next owner).
     #[tokio::test(start_paused = true)]
     async fn a_takeover_settles_the_slots_handed_to_a_node_taken_over_too() {
-        let store = Arc::new(MemoryRingStore::default());
-        let joins = [(1, "a", 100), (2, "x", 100), (3, "d", 100), (4, "e", 0)];
-        for (epoch, id, weight) in joins {
-            change(&*store, RingChange::Add(node(id, weight)))
-                .await
-                .unwrap();
-            for id in ["a", "x", "d", "e"] {
-                store.report(id, epoch).await.unwrap();
-            }
-        }
-        let drain = RingChange::SetWeight {
-            node: "x".into(),
-            weight: 0,
-        };
-        let draining = change(&*store, drain).await.unwrap();
-        let to_d = (draining.moving())
-            .filter(|&(slot, from)| {
-                from == Some("x") && draining.ring.owner(slot).is_some_and(|n| n.id == "d")
-            })
-            .count();
-        assert!(to_d > 0);
-        store.report("a", 5).await.unwrap();
+        let store = served_ring(&[("a", 100), ("x", 100), ("d", 100), ("e", 0)]).await;
+        let to_d = x_drains(&store).await;
         let d_written = lease_of(&format!("{TAKEOVER_BY}b"), NO_BACKUP);
         assert!(store.swap_lease("d", None, &d_written).await.unwrap());
         let peers = letting();

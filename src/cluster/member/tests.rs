@@ -34,11 +34,7 @@ async fn a_release_waits_for_the_replayed_users_of_its_slots() {
     // Writes hang: the replayed user cannot reach the store yet.
     let store = Arc::new(FaultyStore::memory());
     store.inject(Fault::new(Operation::Write, Effect::Hang));
-    let cache = Cache::with_ownership(
-        CacheConfig::default(),
-        store.clone(),
-        Arc::new(Ownership::member()),
-    );
+    let cache = member_cache(store.clone());
     let mut acked = UserReadStates::default();
     acked.ack(Key::channel(10), 5, 1);
     cache.replay(Replayed {
@@ -76,11 +72,7 @@ async fn a_release_waits_for_the_replayed_users_of_its_slots() {
 #[tokio::test(start_paused = true)]
 async fn a_release_waits_until_this_start_holds_its_lease() {
     let (ring_store, user) = ring_of_a_and_b().await;
-    let cache = Cache::with_ownership(
-        CacheConfig::default(),
-        Arc::new(FaultyStore::memory()),
-        Arc::new(Ownership::member()),
-    );
+    let cache = member_cache(Arc::new(FaultyStore::memory()));
     let (member, stop) = node_a(ring_store.clone(), cache).await;
 
     let slots = [slot_of(user)];
@@ -93,35 +85,22 @@ async fn a_release_waits_until_this_start_holds_its_lease() {
     // answered once it says the copy is written (its epoch may wait for
     // this node: found by the failover simulation, two nodes taken over at
     // once by one backup waited for each other for good).
-    let mut taken = LeaseRecord {
-        holder: format!("{TAKEOVER_BY}b"),
-        renewals: 1,
-        backup: "b/1/1".to_owned(),
-    };
-    assert!(ring_store.swap_lease("a", None, &taken).await.unwrap());
+    let taking = lease_record(&format!("{TAKEOVER_BY}b"), 1, "b/1/1");
+    assert!(ring_store.swap_lease("a", None, &taking).await.unwrap());
     let refused = member.release_slots(2, &slots).await;
     assert!(matches!(refused, Err(Error::LeaseLapsed)), "{refused:?}");
-    let written = LeaseRecord {
-        renewals: 2,
-        backup: NO_BACKUP.to_owned(),
-        ..taken.clone()
-    };
+    let written = lease_record(&format!("{TAKEOVER_BY}b"), 2, NO_BACKUP);
     assert!(
         ring_store
-            .swap_lease("a", Some(&taken), &written)
+            .swap_lease("a", Some(&taking), &written)
             .await
             .unwrap()
     );
-    taken = written;
     (member.release_slots(2, &slots).await).expect("released once the copy is written");
-    let free = LeaseRecord {
-        holder: String::new(),
-        renewals: 3,
-        ..taken.clone()
-    };
+    let free = lease_record("", 3, NO_BACKUP);
     assert!(
         ring_store
-            .swap_lease("a", Some(&taken), &free)
+            .swap_lease("a", Some(&written), &free)
             .await
             .unwrap()
     );
@@ -140,18 +119,10 @@ async fn a_release_waits_until_this_start_holds_its_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_start_that_held_its_lease_answers_releases_without_it() {
     let (ring_store, user) = ring_of_a_and_b().await;
-    let cache = Cache::with_ownership(
-        CacheConfig::default(),
-        Arc::new(FaultyStore::memory()),
-        Arc::new(Ownership::member()),
-    );
+    let cache = member_cache(Arc::new(FaultyStore::memory()));
     let (member, stop) = node_a(ring_store.clone(), cache).await;
     let slots = [slot_of(user)];
-    let operator = LeaseRecord {
-        holder: OPERATOR_TAKEOVER.to_owned(),
-        renewals: 1,
-        backup: NO_BACKUP.to_owned(),
-    };
+    let operator = lease_record(OPERATOR_TAKEOVER, 1, NO_BACKUP);
     assert!(ring_store.swap_lease("a", None, &operator).await.unwrap());
     let refused = member.release_slots(2, &slots).await;
     assert!(matches!(refused, Err(Error::LeaseLapsed)), "{refused:?}");
@@ -161,6 +132,20 @@ async fn a_start_that_held_its_lease_answers_releases_without_it() {
     assert!(!member.ownership().leased());
     (member.release_slots(2, &slots).await).expect("released after the lease lapsed");
     stop.cancel();
+}
+
+/// A cache of a node of a fleet (serving nothing yet) over `store`.
+fn member_cache(store: Arc<dyn Store>) -> Arc<Cache> {
+    Cache::with_ownership(CacheConfig::default(), store, Arc::new(Ownership::member()))
+}
+
+/// Node a's lease record as `holder` made it.
+fn lease_record(holder: &str, renewals: u64, backup: &str) -> LeaseRecord {
+    LeaseRecord {
+        holder: holder.to_owned(),
+        renewals,
+        backup: backup.to_owned(),
+    }
 }
 
 /// A ring of nodes a and b (epoch 2), and a user b owns.
