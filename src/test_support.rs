@@ -93,6 +93,7 @@ pub fn seeds(one: &str, many: &str, count: u64) -> Vec<u64> {
 
 /// Runs `simulate(seed)` on a current-thread runtime whose clock is paused
 /// (it advances whenever every task waits), under [`replayable`].
+#[cfg(feature = "simulation")]
 pub fn run_paused<F: std::future::Future>(
     what: &str,
     replay: &str,
