@@ -19,6 +19,10 @@
 #                                        (RS_ARGS, COMPARE_ARGS: "--store
 #                                        memory" by default); with
 #                                        STREAM_BATCH, the stream on both
+#   RATE=8000 loadtest/pairs.sh          open loop at that many changes a second
+#                                        instead of closed (the CPU per change at
+#                                        a load short of saturation), with each
+#                                        run's p99 in ms at the end of the line
 #   STREAM_BATCH=100 WORKLOAD=loadtest/workloads/acks.toml loadtest/pairs.sh
 #                                        also readstates with the changes sent
 #                                        over STREAMS (4) Apply streams in
@@ -37,6 +41,7 @@ STREAM_BATCH="${STREAM_BATCH:-0}"
 STREAMS="${STREAMS:-4}"
 STREAM_CONCURRENCY="${STREAM_CONCURRENCY:-$((2 * STREAM_BATCH * STREAMS))}"
 DURATION="${DURATION:-10s}"
+RATE="${RATE:-0}"
 WORKLOAD="${WORKLOAD:-loadtest/workloads/mixed.toml}"
 RS_ARGS="${RS_ARGS:---store memory}"
 COMPARE_ARGS="${COMPARE_ARGS:---store memory}"
@@ -70,16 +75,16 @@ sleep 1
 
 source loadtest/lib.sh
 
-# measure NAME PID URL [ARGS...]: one closed-loop run; prints "ok/s
-# cpu-us-per-request".
+# measure NAME PID URL [ARGS...]: one run (closed loop, or open at RATE);
+# prints "ok/s cpu-us-per-request p99-ms".
 measure() {
     local name=$1 pid=$2 url=$3 before after
     shift 3
     before=$(cpu_ticks "$pid")
-    "$LT" run --workload "$WORKLOAD" --target "$name=$url" --rate 0 --duration "$DURATION" \
+    "$LT" run --workload "$WORKLOAD" --target "$name=$url" --rate "$RATE" --duration "$DURATION" \
         --report "$OUT/$name.json" "$@" >/dev/null 2>>"$OUT/loadtest.log"
     after=$(cpu_ticks "$pid")
-    per_request "$OUT/$name.json" "$WORKLOAD" "$before" "$after" | cut -d' ' -f1,2
+    per_request "$OUT/$name.json" "$WORKLOAD" "$before" "$after"
 }
 
 # Preload once (readstates keeps the data), so that the measured runs'
@@ -108,36 +113,54 @@ if [ "$STREAM_BATCH" -gt 0 ]; then
         rule="$rule ---: | ---: |"
     fi
 fi
+if [ "$RATE" -gt 0 ]; then
+    header="$header readstates p99 ms |"
+    rule="$rule ---: |"
+    [ -n "$COMPARE" ] && header="$header compared p99 ms |" && rule="$rule ---: |"
+    if [ "$STREAM_BATCH" -gt 0 ]; then
+        header="$header stream p99 ms |"
+        rule="$rule ---: |"
+        [ -n "$COMPARE" ] && header="$header compared stream p99 ms |" && rule="$rule ---: |"
+    fi
+fi
 echo "load average before the pairs: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "$header"
 echo "$rule"
 for pair in $(seq 1 "$PAIRS"); do
-    read -r b_rate b_cpu < <(measure baseline "$baseline_pid" "grpc://$BASELINE" --skip-preload)
-    read -r r_rate r_cpu < <(measure readstates "$readstates_pid" "grpc://$RS_GRPC" --skip-preload)
+    read -r b_rate b_cpu _ < <(measure baseline "$baseline_pid" "grpc://$BASELINE" --skip-preload)
+    read -r r_rate r_cpu r_p99 < <(measure readstates "$readstates_pid" "grpc://$RS_GRPC" --skip-preload)
     ratio=$(python3 -c "print(f'{$r_rate / $b_rate * 100:.1f}%')")
     line="| $pair | $b_rate | $r_rate | $ratio | $b_cpu | $r_cpu |"
     if [ "$WATCH_USERS" -gt 0 ]; then
-        read -r w_rate w_cpu < <(measure readstates-watched "$readstates_pid" "grpc://$RS_GRPC" \
+        read -r w_rate w_cpu _ < <(measure readstates-watched "$readstates_pid" "grpc://$RS_GRPC" \
             --skip-preload --watch-users "$WATCH_USERS" --watch-streams "$WATCH_STREAMS")
         watched=$(python3 -c "print(f'{$w_rate / $r_rate * 100:.1f}%')")
         line="$line $w_rate | $watched | $w_cpu |"
     fi
     if [ -n "$COMPARE" ]; then
-        read -r c_rate c_cpu < <(measure compare "$compare_pid" "grpc://$CMP_GRPC" --skip-preload)
+        read -r c_rate c_cpu c_p99 < <(measure compare "$compare_pid" "grpc://$CMP_GRPC" --skip-preload)
         c_ratio=$(python3 -c "print(f'{$c_rate / $b_rate * 100:.1f}%')")
         line="$line $c_rate | $c_ratio | $c_cpu |"
     fi
     if [ "$STREAM_BATCH" -gt 0 ]; then
-        read -r s_rate s_cpu < <(measure readstates-stream "$readstates_pid" "grpc://$RS_GRPC" \
+        read -r s_rate s_cpu s_p99 < <(measure readstates-stream "$readstates_pid" "grpc://$RS_GRPC" \
             --skip-preload --stream-batch "$STREAM_BATCH" --streams "$STREAMS" \
             --concurrency "$STREAM_CONCURRENCY")
         times=$(python3 -c "print(f'{$r_cpu / $s_cpu:.1f}')")
         line="$line $s_rate | $s_cpu | $times |"
         if [ -n "$COMPARE" ]; then
-            read -r cs_rate cs_cpu < <(measure compare-stream "$compare_pid" "grpc://$CMP_GRPC" \
+            read -r cs_rate cs_cpu cs_p99 < <(measure compare-stream "$compare_pid" "grpc://$CMP_GRPC" \
                 --skip-preload --stream-batch "$STREAM_BATCH" --streams "$STREAMS" \
                 --concurrency "$STREAM_CONCURRENCY")
             line="$line $cs_rate | $cs_cpu |"
+        fi
+    fi
+    if [ "$RATE" -gt 0 ]; then
+        line="$line $r_p99 |"
+        [ -n "$COMPARE" ] && line="$line $c_p99 |"
+        if [ "$STREAM_BATCH" -gt 0 ]; then
+            line="$line $s_p99 |"
+            [ -n "$COMPARE" ] && line="$line $cs_p99 |"
         fi
     fi
     echo "$line"

@@ -206,6 +206,13 @@ settings! {
     /// the changes in it are lost (the log says how many bytes).
     #[arg(long, env = "READSTATES_JOURNAL_SKIP_CORRUPT", num_args = 0..=1, default_missing_value = "true")]
     journal_skip_corrupt: bool = false;
+    /// `journal = "sync"`: the least time between the starts of two syncs.
+    /// Changes made meanwhile share the next sync (each waits at most this
+    /// long more); a change after a quiet gap syncs at once. `0s`: a sync
+    /// as soon as the last one ends.
+    #[arg(long, env = "READSTATES_JOURNAL_SYNC_GAP", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    journal_sync_gap: Duration = Duration::from_millis(1);
     /// Read states held in memory, over all shards.
     #[arg(long, env = "READSTATES_CACHE_CAPACITY")]
     cache_capacity: usize = 10_000_000;
@@ -412,6 +419,7 @@ impl Config {
         }
         Some(JournalConfig {
             skip_corrupt: self.journal_skip_corrupt,
+            sync_gap: self.journal_sync_gap,
             ..JournalConfig::new(self.journal_dir(), self.journal)
         })
     }

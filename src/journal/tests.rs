@@ -77,6 +77,48 @@ async fn one_sync_covers_every_change_appended_while_the_last_ran() {
     journal.close(false);
 }
 
+#[tokio::test]
+async fn with_a_sync_gap_syncs_start_that_far_apart_and_a_change_after_a_quiet_one_syncs_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let gap = Duration::from_secs(1);
+    let (journal, _) = open(
+        JournalConfig {
+            sync_gap: gap,
+            ..config(dir.path())
+        },
+        disk,
+    );
+    // Quiet so far: the first change does not wait for a gap.
+    let began = std::time::Instant::now();
+    append_one(&journal, 1);
+    journal.durable(journal.appended()).await.expect("durable");
+    let first = began.elapsed();
+    assert!(first < gap / 2, "the first change waited {first:?}");
+    let syncs_before = faults.syncs.load(Ordering::SeqCst);
+    // A change every 10 ms for 2.5 s: three gaps' worth of syncs, not 250.
+    let began = std::time::Instant::now();
+    let mut waits = Vec::new();
+    for user_id in 2..252 {
+        append_one(&journal, user_id);
+        let (journal, upto) = (journal.clone(), journal.appended());
+        waits.push(tokio::spawn(async move { journal.durable(upto).await }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for wait in waits {
+        wait.await.unwrap().expect("durable");
+    }
+    let elapsed = began.elapsed();
+    let syncs = faults.syncs.load(Ordering::SeqCst) - syncs_before;
+    let most = elapsed.as_secs_f64() / gap.as_secs_f64() + 1.0;
+    assert!(
+        (1..=most.ceil() as usize).contains(&syncs),
+        "{syncs} syncs for 250 changes in {elapsed:?} with a gap of {gap:?}"
+    );
+    journal.close(false);
+}
+
 /// A full disk and a failing sync alike: the waiting changes fail, the
 /// journal refuses until the disk takes it again, and then what failed is
 /// written again whole, with nothing journaled before it lost.

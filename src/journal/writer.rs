@@ -34,8 +34,8 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
     // A batch that failed, written again before anything newer.
     let mut retained: Vec<u8> = Vec::new();
     loop {
-        let started = Instant::now();
         let (batch, records, end, stop) = next_batch(shared, !retained.is_empty());
+        let started = Instant::now();
         // Sent on while this thread syncs (a batch retried here was sent).
         if let Some(replica) = shared.replica.get()
             && !batch.is_empty()
@@ -95,8 +95,15 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
                 rest(shared, started + RETRY);
             }
         }
-        if let JournalMode::Interval(every) = shared.config.mode {
-            rest(shared, started + every);
+        // The next batch gathers what arrives until then: in sync mode at
+        // most one sync starts per gap (a change arriving after a quiet
+        // gap is synced at once).
+        match shared.config.mode {
+            JournalMode::Interval(every) => rest(shared, started + every),
+            JournalMode::Sync if !shared.config.sync_gap.is_zero() => {
+                rest(shared, started + shared.config.sync_gap)
+            }
+            _ => {}
         }
     }
 }
