@@ -89,7 +89,22 @@ pub fn spawn_trimmer(
                 _ = tick.tick() => {}
                 () = stop.cancelled() => return,
             }
-            trimmer.trim(|| cache.oldest_unwritten());
+            // Off the runtime's workers: finding the oldest unwritten
+            // change looks at every cached user (9 to 21 ms at 2 M read
+            // states, each second: the p99 of every request behind it),
+            // and deleting segments is file I/O.
+            let cache = cache.clone();
+            let trimming = tokio::task::spawn_blocking(move || {
+                trimmer.trim(|| cache.oldest_unwritten());
+                trimmer
+            });
+            trimmer = match trimming.await {
+                Ok(trimmer) => trimmer,
+                Err(error) => {
+                    tracing::error!(%error, "journal: the trimmer failed; segments are no longer deleted");
+                    return;
+                }
+            };
             metrics::journal_segments(journal.segments());
         }
     })
