@@ -27,7 +27,14 @@ pub fn spawn(cache: Arc<Cache>, stop: CancellationToken) -> tokio::task::JoinHan
         loop {
             tokio::select! {
                 _ = tick.tick() => {
-                    sample(&cache);
+                    // Off the runtime's workers: the gauges look at every
+                    // cached user (milliseconds a second at millions of
+                    // read states, which would stall the requests queued
+                    // behind it).
+                    let cache = cache.clone();
+                    if let Err(error) = tokio::task::spawn_blocking(move || sample(&cache)).await {
+                        tracing::error!(%error, "metrics: sampling the cache failed");
+                    }
                     recorder.run_upkeep();
                 }
                 () = stop.cancelled() => return,
