@@ -1,8 +1,11 @@
 //! A handoff as it travels between nodes: what it hands over (slots of an
 //! epoch, from a node), its parts (chunks of users, then `Done` with how
-//! many), and their `Fleet.HandOver` messages. The cache side, what is
-//! exported and installed, is [`crate::cache::handoff`]; who hands what to
-//! whom is [`super::member`].
+//! many), and their `Fleet.HandOver` messages, in either format: users as
+//! protobuf messages (1), or [`packed`] as bytes (2, what a node reading it
+//! is sent). The cache side, what is exported and installed, is
+//! [`crate::cache::handoff`]; who hands what to whom is [`super::member`].
+
+pub mod packed;
 
 use futures::stream::BoxStream;
 use readstates_routing::Slot;
@@ -36,9 +39,17 @@ pub enum Part {
 /// The parts as a receiver reads them: `Err` when the transfer broke.
 pub type Parts = BoxStream<'static, Result<Part, String>>;
 
-/// A part as a `HandOver` message; the first one of a stream also names
-/// the handoff.
-pub fn to_request(part: Part, handoff: Option<&Handoff>) -> proto::HandOverRequest {
+/// `HandOver` format 1: users as protobuf messages (`users`), what every
+/// node reads.
+pub const PROTOBUF: u32 = 1;
+/// Format 2: users [`packed`] as bytes (`packed_users`).
+pub const PACKED: u32 = 2;
+/// The newest format this node reads (and sends, to a node that reads it).
+pub const FORMAT: u32 = PACKED;
+
+/// A part as a `HandOver` message in `format`; the first one of a stream
+/// also names the handoff.
+pub fn to_request(part: Part, handoff: Option<&Handoff>, format: u32) -> proto::HandOverRequest {
     let mut request = proto::HandOverRequest::default();
     if let Some(handoff) = handoff {
         request.epoch = handoff.epoch;
@@ -46,6 +57,13 @@ pub fn to_request(part: Part, handoff: Option<&Handoff>) -> proto::HandOverReque
         request.node_id = handoff.from.clone();
     }
     match part {
+        Part::Chunk(Chunk::Users(users)) if format >= PACKED => {
+            let mut packed = Vec::with_capacity(users.iter().map(packed::len).sum());
+            for user in &users {
+                packed::pack(&mut packed, user);
+            }
+            request.packed_users = packed;
+        }
         Part::Chunk(Chunk::Users(users)) => {
             request.users = users.iter().map(to_proto_user).collect();
         }
@@ -68,6 +86,10 @@ pub fn from_request(request: proto::HandOverRequest) -> Result<Vec<Part>, String
     if !request.users.is_empty() {
         let users = request.users.into_iter().map(from_proto_user);
         parts.push(Part::Chunk(Chunk::Users(users.collect::<Result<_, _>>()?)));
+    }
+    if !request.packed_users.is_empty() {
+        let users = packed::unpack(&request.packed_users)?;
+        parts.push(Part::Chunk(Chunk::Users(users)));
     }
     if !request.deletions.is_empty() {
         let deletions = request.deletions.into_iter().map(from_proto_deletion);
@@ -122,18 +144,6 @@ fn to_proto_user(user: &HandedUser) -> proto::HandedUser {
 }
 
 fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
-    let versions = [user.version, user.written_version, user.delta_floor];
-    let versions = versions
-        .into_iter()
-        .chain(user.read_states.iter().map(|state| state.version));
-    if let Some(version) = versions.max().filter(|&v| !clock::issued_by_now(v)) {
-        return Err(format!(
-            "user {} has version {version}, from after this node's clock (more than {:?} \
-             ahead): no node issued it",
-            user.user_id,
-            clock::MAX_AHEAD
-        ));
-    }
     let rows = user
         .read_states
         .into_iter()
@@ -152,18 +162,38 @@ fn from_proto_user(user: proto::HandedUser) -> Result<HandedUser, String> {
             Ok((read_state, state.parent_id))
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let entries = Owned::from_rows(rows);
     let header = Header {
         version: user.version,
         written_version: user.written_version,
         delta_floor: user.delta_floor,
         clear_pending: user.clear_pending,
     };
+    let unwritten_for = Duration::from_millis(user.unwritten_for_ms);
+    handed_user(user.user_id, header, rows, unwritten_for)
+}
+
+/// A handed user from what a message says of it (in either format);
+/// `Err` if a version is from after this node's clock.
+fn handed_user(
+    user_id: u64,
+    header: Header,
+    rows: Vec<(ReadState, u64)>,
+    unwritten_for: Duration,
+) -> Result<HandedUser, String> {
+    let versions = [header.version, header.written_version, header.delta_floor];
+    let versions = (versions.into_iter()).chain(rows.iter().map(|(state, _)| state.version));
+    if let Some(version) = versions.max().filter(|&v| !clock::issued_by_now(v)) {
+        return Err(format!(
+            "user {user_id} has version {version}, from after this node's clock (more than {:?} \
+             ahead): no node issued it",
+            clock::MAX_AHEAD
+        ));
+    }
     let unwritten = header.version > header.written_version;
     Ok(HandedUser {
-        user_id: user.user_id,
-        states: UserReadStates::from_parts(header, entries),
-        unwritten_for: unwritten.then(|| Duration::from_millis(user.unwritten_for_ms)),
+        user_id,
+        states: UserReadStates::from_parts(header, Owned::from_rows(rows)),
+        unwritten_for: unwritten.then_some(unwritten_for),
     })
 }
 
@@ -186,3 +216,6 @@ fn from_proto_deletion(handed: proto::HandedDeletion) -> Result<HandedDeletion, 
         },
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -23,7 +23,9 @@ use tonic::transport::{Channel, Endpoint};
 use super::credential::FleetCredential;
 use super::handoff::{self, Handoff, Part};
 use crate::proto::fleet_client::FleetClient;
-use crate::proto::{HandOverRequest, MirrorRequest, MirrorResponse, ReleaseSlotsRequest};
+use crate::proto::{
+    HandOverFormatRequest, HandOverRequest, MirrorRequest, MirrorResponse, ReleaseSlotsRequest,
+};
 use crate::tls::{Tls, connector};
 
 /// How long one `ReleaseSlots` call may take: the old owner answers once
@@ -168,6 +170,27 @@ impl GrpcPeers {
         Ok(channel)
     }
 
+    /// The newest `HandOver` format both this node and the node at
+    /// `address` read: format 1 from a build before the question
+    /// (UNIMPLEMENTED), and from one that does not answer it (every node
+    /// reads format 1; the handoff then goes through or fails as it would).
+    async fn hand_over_format(&self, channel: Channel, address: &str) -> u32 {
+        let mut request = self.request(HandOverFormatRequest {});
+        request.set_timeout(CONNECT_TIMEOUT);
+        match FleetClient::new(channel).hand_over_format(request).await {
+            Ok(answer) => answer
+                .into_inner()
+                .format
+                .clamp(handoff::PROTOBUF, handoff::FORMAT),
+            Err(status) => {
+                if status.code() != tonic::Code::Unimplemented {
+                    tracing::debug!(address, %status, "HandOverFormat not answered; sending format 1");
+                }
+                handoff::PROTOBUF
+            }
+        }
+    }
+
     /// A channel to `address` of its own (connecting lazily).
     fn connect(&self, address: &str) -> Result<Channel, String> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
@@ -218,6 +241,7 @@ impl Peers for GrpcPeers {
         // A connection of its own: on the shared one, the requests this node
         // forwards to that node would queue behind the handoff's data.
         let channel = self.connect(address)?;
+        let format = self.hand_over_format(channel.clone(), address).await;
         // Fed from a task: a channel's stream is what tonic's streaming
         // client is known to accept from inside a `Send` future.
         let (send, requests) = mpsc::channel(2);
@@ -225,7 +249,7 @@ impl Peers for GrpcPeers {
             let mut parts = parts;
             let mut first = Some(handoff);
             while let Some(part) = parts.next().await {
-                let request = handoff::to_request(part, first.take().as_ref());
+                let request = handoff::to_request(part, first.take().as_ref(), format);
                 if send.send(request).await.is_err() {
                     return;
                 }

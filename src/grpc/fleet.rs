@@ -1,6 +1,7 @@
 //! The `Fleet` service, between the nodes of a fleet: `ReleaseSlots`, which
 //! a new owner calls on the previous owner of its slots (see
-//! [`crate::cluster::member`]); `HandOver` (see [`super::hand_over`]); and
+//! [`crate::cluster::member`]); `HandOver` (see [`super::hand_over`]) and
+//! `HandOverFormat`, which a sender asks first; and
 //! for channels counted by channel, `ChangeChannel` at a channel's owner
 //! (see [`super::change_channel`]) and `CopyChannels` from it; `Mirror`,
 //! from a node this one backs up (see [`super::mirror`]).
@@ -14,12 +15,14 @@ use super::validate;
 use crate::channel_state::ChannelState;
 use crate::clock;
 use crate::cluster::backup::held::Backups;
+use crate::cluster::handoff;
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::fleet_server::Fleet;
 use crate::proto::{
     ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
-    HandOverRequest, HandOverResponse, MirrorRequest, ReleaseSlotsRequest, ReleaseSlotsResponse,
+    HandOverFormatRequest, HandOverFormatResponse, HandOverRequest, HandOverResponse,
+    MirrorRequest, ReleaseSlotsRequest, ReleaseSlotsResponse,
 };
 
 #[derive(Clone, Debug)]
@@ -62,6 +65,15 @@ impl Fleet for FleetService {
         request: Request<Streaming<HandOverRequest>>,
     ) -> Result<Response<HandOverResponse>, Status> {
         super::hand_over::handle(&self.router.member, request).await
+    }
+
+    async fn hand_over_format(
+        &self,
+        _: Request<HandOverFormatRequest>,
+    ) -> Result<Response<HandOverFormatResponse>, Status> {
+        Ok(Response::new(HandOverFormatResponse {
+            format: handoff::FORMAT,
+        }))
     }
 
     /// Applied here if this node serves the channel's slot; held while it

@@ -31,8 +31,10 @@ const ENTRY: usize = 4;
 /// touches a few rows, a "delete all" none): a length beyond it is damage.
 pub const MAX_BODY: usize = 16 << 20;
 
-/// A row: kind, four ids and versions, two counts, flags, parent.
-const ROW: usize = 1 + 8 * 4 + 2 + 2 + 1 + 8;
+/// A row: kind, four ids and versions, two counts, flags, parent. A
+/// handoff packs read states in the same layout
+/// ([`crate::cluster::handoff::packed`]).
+pub const ROW: usize = 1 + 8 * 4 + 2 + 2 + 1 + 8;
 const DELETED: u8 = 1;
 const MUTED: u8 = 2;
 
@@ -191,10 +193,10 @@ fn decode(body: &[u8]) -> Option<Record> {
             let delta_floor = at.u64()?;
             let clear_below = at.u64()?;
             let count = at.u32()? as usize;
-            if at.rest() != count * ROW {
+            let (rows, rest) = read_rows(&body[at.at..], count)?;
+            if !rest.is_empty() {
                 return None;
             }
-            let rows = (0..count).map(|_| at.row()).collect::<Option<Vec<_>>>()?;
             Some(Record::User(UserRecord {
                 user_id,
                 version,
@@ -236,7 +238,11 @@ fn put(out: &mut Vec<u8>, value: u64) {
     out.extend_from_slice(&value.to_le_bytes());
 }
 
-fn put_row(out: &mut Vec<u8>, state: &ReadState, parent: u64) {
+/// A read state with its parent id (0 but for a thread's).
+pub type Row = (ReadState, u64);
+
+/// Appends a row: `state`, and its parent id (0 but for a thread's).
+pub fn put_row(out: &mut Vec<u8>, state: &ReadState, parent: u64) {
     out.push(state.kind as u8);
     put(out, state.channel_id);
     put(out, state.last_acked_id);
@@ -246,6 +252,15 @@ fn put_row(out: &mut Vec<u8>, state: &ReadState, parent: u64) {
     out.extend_from_slice(&state.unread_count.to_le_bytes());
     out.push(if state.deleted { DELETED } else { 0 } | if state.muted { MUTED } else { 0 });
     put(out, parent);
+}
+
+/// The `count` rows at the start of `bytes` (see [`put_row`]), and the
+/// bytes after them; `None` if they are cut short or a kind is unknown.
+pub fn read_rows(bytes: &[u8], count: usize) -> Option<(Vec<Row>, &[u8])> {
+    let (rows, rest) = bytes.split_at_checked(count.checked_mul(ROW)?)?;
+    let mut at = Reader { bytes: rows, at: 0 };
+    let rows = (0..count).map(|_| at.row()).collect::<Option<Vec<_>>>()?;
+    Some((rows, rest))
 }
 
 struct Reader<'a> {
@@ -274,10 +289,6 @@ impl Reader<'_> {
 
     fn u8(&mut self) -> Option<u8> {
         self.take::<1>().map(|[b]| b)
-    }
-
-    fn rest(&self) -> usize {
-        self.bytes.len() - self.at
     }
 
     fn row(&mut self) -> Option<(ReadState, u64)> {

@@ -15,9 +15,9 @@ use readstates::proto::fleet_client::FleetClient as RawFleet;
 use readstates::proto::fleet_server::{Fleet, FleetServer};
 use readstates::proto::{
     ChangeChannelRequest, ChangeChannelResponse, CopyChannelsRequest, CopyChannelsResponse,
-    HandOverRequest, HandOverResponse, HandedReadState, HandedUser, MessageCreatedRequest,
-    MessageDeletedRequest, MirrorRequest, MirrorResponse, ReleaseSlotsRequest,
-    ReleaseSlotsResponse,
+    HandOverFormatRequest, HandOverFormatResponse, HandOverRequest, HandOverResponse,
+    HandedReadState, HandedUser, MessageCreatedRequest, MessageDeletedRequest, MirrorRequest,
+    MirrorResponse, ReleaseSlotsRequest, ReleaseSlotsResponse,
 };
 use readstates::read_state::{Kind, ReadState};
 use readstates::store::memory::MemoryStore;
@@ -57,6 +57,12 @@ impl Fleet for FakeX {
         &self,
         _request: Request<Streaming<HandOverRequest>>,
     ) -> Result<Response<HandOverResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn hand_over_format(
+        &self,
+        _request: Request<HandOverFormatRequest>,
+    ) -> Result<Response<HandOverFormatResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
     async fn change_channel(

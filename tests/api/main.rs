@@ -12,6 +12,7 @@ mod fleet;
 mod get_badge_counts;
 mod get_read_states;
 mod handoff;
+mod handoff_format;
 mod helpers;
 mod journal;
 mod lease;
