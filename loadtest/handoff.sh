@@ -10,7 +10,8 @@
 # and each node's resident memory before, at its peak during the
 # transfer (VmHWM, reset first) and after, and the extra memory the
 # transfer took at each end: the sender's peak over what it held before,
-# the receiver's peak over what it holds after.
+# the receiver's peak over what it holds after; and what the sender holds
+# afterwards as the receiver's backup.
 #
 #   loadtest/handoff.sh                          1 M read states, 10 per user
 #   READ_STATES=2000000 PER_USER=20 loadtest/handoff.sh
@@ -53,16 +54,19 @@ took=$(python3 -c "print(f'{$(date +%s.%N) - $started:.1f}')")
 # serves; the sender's log line follows shortly).
 sleep 1
 cpu=($(($(cpu_ticks "${pids[0]}") - cpu_before[0])) $(($(cpu_ticks "${pids[1]}") - cpu_before[1])))
+# n1 is n2's backup: it holds n2's journal of what n2 took, unwritten.
+backup_held=$(metric 1 readstates_backup_held_bytes)
 
 python3 - "$OUT" "$held" "$unwritten" "$took" "${before[@]}" \
     "$(field "${pids[0]}" VmHWM)" "$(field "${pids[0]}" VmRSS)" \
     "$(field "${pids[1]}" VmHWM)" "$(field "${pids[1]}" VmRSS)" \
-    "${cpu[0]}" "${cpu[1]}" "$(getconf CLK_TCK)" <<'PY'
+    "${cpu[0]}" "${cpu[1]}" "$(getconf CLK_TCK)" "${backup_held:-0}" <<'PY'
 import json, sys
 out = sys.argv[1]
 held, unwritten, took = float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 b1, b2, p1, a1, p2, a2 = (int(x) / 1024 for x in sys.argv[5:11])
 cpu1, cpu2, hz = (int(x) for x in sys.argv[11:14])
+backup_held = float(sys.argv[14]) / 1048576
 handed = [json.loads(l) for l in open(f"{out}/n1.log") if '"handed over"' in l]
 done = [e for e in handed if e.get("users")]
 mib = lambda x: f"{x:.0f} MiB"
@@ -74,7 +78,8 @@ us = lambda ticks: f"{ticks / hz:.2f} s, {ticks / hz * 1e6 / max(held, 1):.2f} u
 print(f"handoff CPU: sender n1 {us(cpu1)}; receiver n2 {us(cpu2)}; "
       f"both {us(cpu1 + cpu2)}")
 print(f"sender n1: RSS {mib(b1)} before, peak {mib(p1)}, {mib(a1)} after: "
-      f"extra at its peak {mib(p1 - b1)} ({(p1 - b1) * 1048576 / max(held, 1):.1f} B per read state moved)")
+      f"extra at its peak {mib(p1 - b1)} ({(p1 - b1) * 1048576 / max(held, 1):.1f} B per read state moved); "
+      f"afterwards it holds {mib(backup_held)} as n2's backup (n2's journal of what it took, unwritten)")
 print(f"receiver n2: RSS {mib(b2)} before, peak {mib(p2)}, {mib(a2)} after holding them: "
       f"extra at its peak {mib(p2 - a2)} ({(p2 - a2) * 1048576 / max(held, 1):.1f} B per read state moved)")
 PY
