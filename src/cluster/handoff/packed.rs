@@ -15,6 +15,9 @@ use crate::read_state::Header;
 /// row count.
 const USER: usize = 8 * 5 + 1 + 4;
 const CLEAR_PENDING: u8 = 1;
+// The sizes the proto's `packed_users` gives: the wire format between
+// builds, so a change to the journal's row is a new format.
+const _: () = assert!(USER == 45 && record::ROW == 46);
 
 /// The bytes [`pack`] appends for `user`.
 pub fn len(user: &HandedUser) -> usize {
@@ -40,10 +43,16 @@ pub fn pack(out: &mut Vec<u8>, user: &HandedUser) {
     } else {
         0
     });
-    out.extend_from_slice(&(view.entries().len() as u32).to_le_bytes());
+    // The rows written, not the entries held: the count always matches
+    // the rows that follow (as the journal's `append_user` does).
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut count = 0u32;
     for (state, parent) in view.with_parents() {
         record::put_row(out, state, parent);
+        count += 1;
     }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
 }
 
 /// The users packed in `bytes`; `Err` naming what is malformed.
