@@ -4,7 +4,8 @@
 # forwards and splits) against routing straight to owners (cluster://, by the
 # routing table), in alternating closed-loop runs; then open-loop runs at
 # MOVING_LOAD (default: half) of the routed rate while the ring moves slots
-# twice (routed to owners, then entering at one node), for errors, latency,
+# twice (routed to owners, then entering at one node; each after 10 s at the
+# same rate with nothing moving, for what the moves add), for errors, latency,
 # how long moving slots were served nowhere, store loads, the cache hit
 # ratio and how long each ring change took to be served. The nodes keep the default 30 s write
 # delay: moved users carry the last 30 s of changes unwritten. Last, a node
@@ -14,6 +15,9 @@
 #
 #   loadtest/cluster.sh                    3 pairs of 10 s runs
 #   PAIRS=5 DURATION=10s WORKLOAD=loadtest/workloads/mixed.toml MOVING_LOAD=0.25 loadtest/cluster.sh
+#   MOVING_RATE=5000 loadtest/cluster.sh   the moves at a fixed rate (comparable
+#                                          across runs; the pairs' median moves
+#                                          with the host's load)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,8 +97,20 @@ counters() {
 # routed to owners by the routing client (cluster://), then twice again
 # while it all enters at n1 (grpc://, forwarded and split there).
 rate=$(IFS=,; python3 -c "import statistics; print(int(statistics.median([${rates[*]}]) * $MOVING_LOAD))")
+rate="${MOVING_RATE:-$rate}"
 for route in cluster grpc; do
     drain
+    # The same load with nothing moving, for what the moves add.
+    measure "steady-$route" "$route://127.0.0.1:50201" 10s --rate "$rate" --skip-preload >/dev/null
+    python3 - "$OUT/steady-$route.json" "$route" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+entry = "routed to owners" if sys.argv[2] == "cluster" else "entering at one node"
+print(f"nothing moving at {report['target_rate']}/s for {report['seconds']:.0f} s: "
+      f"{report['throughput']:.0f} ok/s, {report['errors']} errors, "
+      f"p99.9 {report['latency']['p999_us'] / 1000:.1f} ms, "
+      f"worst one-second p99.9 {report['worst_second_p999_us'] / 1000:.1f} ms ({entry})")
+PY
     : >"$OUT/ring.out"
     marks=$(for n in 1 2 3; do wc -l <"$OUT/n$n.log"; done | paste -sd,)
     read -r loads0 hits0 misses0 < <(counters)
