@@ -15,6 +15,9 @@
 #
 #   loadtest/handoff.sh                          1 M read states, 10 per user
 #   READ_STATES=2000000 PER_USER=20 loadtest/handoff.sh
+#   BUILD=/tmp/before/readstates loadtest/handoff.sh   another build
+#   PROFILE=1 loadtest/handoff.sh                also records each end with perf
+#                                                (OUT/n1.perf.data, OUT/n2.perf.data)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +49,15 @@ for pid in "${pids[@]}"; do
     echo 5 >"/proc/$pid/clear_refs" # resets VmHWM to the current RSS
 done
 
+perfs=()
+if [ -n "${PROFILE:-}" ]; then
+    for i in 0 1; do
+        perf record -q --call-graph dwarf,16384 -F 999 -o "$OUT/n$((i + 1)).perf.data" \
+            -p "${pids[$i]}" 2>>"$OUT/perf.log" &
+        perfs+=($!)
+    done
+    sleep 1
+fi
 cpu_before=("$(cpu_ticks "${pids[0]}")" "$(cpu_ticks "${pids[1]}")")
 started=$(date +%s.%N)
 "$RS" ring "${common[@]}" set-weight n2 1000000 --wait 300s >/dev/null
@@ -56,6 +68,7 @@ sleep 1
 cpu=($(($(cpu_ticks "${pids[0]}") - cpu_before[0])) $(($(cpu_ticks "${pids[1]}") - cpu_before[1])))
 # n1 is n2's backup: it holds n2's journal of what n2 took, unwritten.
 backup_held=$(metric 1 readstates_backup_held_bytes)
+for perf in "${perfs[@]}"; do kill -INT "$perf"; wait "$perf" || true; done
 
 python3 - "$OUT" "$held" "$unwritten" "$took" "${before[@]}" \
     "$(field "${pids[0]}" VmHWM)" "$(field "${pids[0]}" VmRSS)" \

@@ -16,7 +16,8 @@ preload_workload() {
 }
 
 # start_fleet OUT NODES PORTS [SERVE ARGS...]: builds the release binaries
-# ($RS, $LT), starts Cassandra, migrates a fresh keyspace and starts NODES
+# ($RS, $LT; $BUILD instead of the readstates just built, for one build
+# against another), starts Cassandra, migrates a fresh keyspace and starts NODES
 # nodes n1..nN (PORTS 5020: gRPC on 127.0.0.1:5020N, metrics on
 # 127.0.0.1:920N; JSON logs in OUT/nN.log), killed on exit. Sets $common (the store settings every `readstates` command takes)
 # and $pids.
@@ -24,7 +25,7 @@ start_fleet() {
     local out=$1 nodes=$2 prefix=$3
     shift 3
     cargo build --release -p readstates -p loadtest
-    RS=target/release/readstates
+    RS="${BUILD:-target/release/readstates}"
     LT=target/release/loadtest
     mkdir -p "$out"
     rm -f "$out"/*.log
