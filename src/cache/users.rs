@@ -280,9 +280,11 @@ impl Users {
         self.cached += 1;
     }
 
-    /// Every user held, cached and evicted, in no order.
+    /// Every user held, cached and evicted, in no order (the slab's: read
+    /// in sequence, where the index's order would read every record at a
+    /// random place, each a cache miss).
     pub(crate) fn iter(&self) -> impl Iterator<Item = &CachedUser> {
-        self.index.iter().map(|&slot| self.get(slot))
+        (self.slab.iter().flatten()).filter(|user| !user.is(Flags::VACANT))
     }
 }
 
@@ -326,6 +328,10 @@ mod tests {
         let removed = users.remove(slots[1]);
         assert_eq!(removed.user_id, 2 << 22);
         assert_eq!(users.find(2 << 22), None);
+        // A vacant position is no user.
+        let mut held: Vec<u64> = users.iter().map(|u| u.user_id).collect();
+        held.sort_unstable();
+        assert_eq!(held, [1, 3, 4, 5].map(|id| id << 22));
         assert_eq!(picks(&mut users, 4), [1, 3, 4, 5].map(|id| id << 22));
         // The slot is reused, and found under its new user.
         let slot = users.insert(CachedUser::new(9));

@@ -243,24 +243,54 @@ pub type Row = (ReadState, u64);
 
 /// Appends a row: `state`, and its parent id (0 but for a thread's).
 pub fn put_row(out: &mut Vec<u8>, state: &ReadState, parent: u64) {
-    out.push(state.kind as u8);
-    put(out, state.channel_id);
-    put(out, state.last_acked_id);
-    put(out, state.last_message_id);
-    put(out, state.version);
-    out.extend_from_slice(&state.mention_count.to_le_bytes());
-    out.extend_from_slice(&state.unread_count.to_le_bytes());
-    out.push(if state.deleted { DELETED } else { 0 } | if state.muted { MUTED } else { 0 });
-    put(out, parent);
+    // Built on the stack and appended at once: one capacity check per row,
+    // not one per field (it runs for every row of every change journaled).
+    let mut row = [0u8; ROW];
+    row[0] = state.kind as u8;
+    for (at, value) in [
+        state.channel_id,
+        state.last_acked_id,
+        state.last_message_id,
+        state.version,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        row[1 + at * 8..9 + at * 8].copy_from_slice(&value.to_le_bytes());
+    }
+    row[33..35].copy_from_slice(&state.mention_count.to_le_bytes());
+    row[35..37].copy_from_slice(&state.unread_count.to_le_bytes());
+    row[37] = if state.deleted { DELETED } else { 0 } | if state.muted { MUTED } else { 0 };
+    row[38..46].copy_from_slice(&parent.to_le_bytes());
+    out.extend_from_slice(&row);
 }
 
 /// The `count` rows at the start of `bytes` (see [`put_row`]), and the
 /// bytes after them; `None` if they are cut short or a kind is unknown.
 pub fn read_rows(bytes: &[u8], count: usize) -> Option<(Vec<Row>, &[u8])> {
     let (rows, rest) = bytes.split_at_checked(count.checked_mul(ROW)?)?;
-    let mut at = Reader { bytes: rows, at: 0 };
-    let rows = (0..count).map(|_| at.row()).collect::<Option<Vec<_>>>()?;
+    let (rows, _) = rows.as_chunks::<ROW>();
+    let rows = rows.iter().map(read_row).collect::<Option<Vec<_>>>()?;
     Some((rows, rest))
+}
+
+/// One row (see [`put_row`]); `None` if its kind is unknown. Read at fixed
+/// offsets of a whole row, so no field needs a bounds check of its own.
+fn read_row(row: &[u8; ROW]) -> Option<Row> {
+    let u64_at = |at: usize| u64::from_le_bytes(row[at..at + 8].try_into().expect("8 bytes"));
+    let u16_at = |at: usize| u16::from_le_bytes(row[at..at + 2].try_into().expect("2 bytes"));
+    let state = ReadState {
+        kind: Kind::from_u8(row[0])?,
+        channel_id: u64_at(1),
+        last_acked_id: u64_at(9),
+        last_message_id: u64_at(17),
+        version: u64_at(25),
+        mention_count: u16_at(33),
+        unread_count: u16_at(35),
+        deleted: row[37] & DELETED != 0,
+        muted: row[37] & MUTED != 0,
+    };
+    Some((state, u64_at(38)))
 }
 
 struct Reader<'a> {
@@ -281,38 +311,6 @@ impl Reader<'_> {
 
     fn u32(&mut self) -> Option<u32> {
         self.take().map(u32::from_le_bytes)
-    }
-
-    fn u16(&mut self) -> Option<u16> {
-        self.take().map(u16::from_le_bytes)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take::<1>().map(|[b]| b)
-    }
-
-    fn row(&mut self) -> Option<(ReadState, u64)> {
-        let kind = Kind::from_u8(self.u8()?)?;
-        let channel_id = self.u64()?;
-        let last_acked_id = self.u64()?;
-        let last_message_id = self.u64()?;
-        let version = self.u64()?;
-        let mention_count = self.u16()?;
-        let unread_count = self.u16()?;
-        let flags = self.u8()?;
-        let parent = self.u64()?;
-        let state = ReadState {
-            channel_id,
-            last_acked_id,
-            last_message_id,
-            version,
-            mention_count,
-            unread_count,
-            kind,
-            deleted: flags & DELETED != 0,
-            muted: flags & MUTED != 0,
-        };
-        Some((state, parent))
     }
 }
 
