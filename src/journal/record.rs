@@ -319,6 +319,45 @@ mod tests {
     use super::*;
     use crate::read_state::Key;
 
+    /// A row's bytes, spelled out: the layout journal files and `HandOver`
+    /// format 2 share with every build, which a round trip within one
+    /// build would not catch changing.
+    #[test]
+    fn a_row_is_laid_out_as_every_build_reads_it() {
+        let state = ReadState {
+            last_acked_id: 0x1112_1314_1516_1718,
+            last_message_id: 0x2122_2324_2526_2728,
+            version: 0x3132_3334_3536_3738,
+            mention_count: 0x4142,
+            unread_count: 0x5152,
+            deleted: true,
+            muted: true,
+            ..ReadState::new(Key {
+                kind: Kind::Thread,
+                channel_id: 0x0102_0304_0506_0708,
+            })
+        };
+        let expected: [u8; ROW] = [
+            6, // kind: thread
+            0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, // channel id
+            0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, // last acked id
+            0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21, // last message id
+            0x38, 0x37, 0x36, 0x35, 0x34, 0x33, 0x32, 0x31, // version
+            0x42, 0x41, // mention count
+            0x52, 0x51, // unread count
+            3,    // flags: deleted, muted
+            0x68, 0x67, 0x66, 0x65, 0x64, 0x63, 0x62, 0x61, // parent id
+        ];
+        let mut out = Vec::new();
+        put_row(&mut out, &state, 0x6162_6364_6566_6768);
+        assert_eq!(out, expected);
+        let (rows, rest) = read_rows(&expected, 1).expect("a whole row");
+        assert_eq!(
+            (rows, rest.len()),
+            (vec![(state, 0x6162_6364_6566_6768)], 0)
+        );
+    }
+
     fn state(channel_id: u64, version: u64) -> ReadState {
         ReadState {
             last_acked_id: 7,
