@@ -47,13 +47,16 @@ struct Subscriber {
     version: u64,
 }
 
-/// A user to write at `due_ms` (the shard's millisecond clock): 12 bytes,
-/// one per user with unwritten changes.
+/// The user at `slot` to write at `due_ms` (the shard's millisecond clock):
+/// 8 bytes, one per user with unwritten changes. By slab position, not user
+/// id: once its user is forgotten, the slot may hold another user when the
+/// entry comes due, who is then looked at (and written, if it has unwritten
+/// changes) early. That costs a write, never a change: whoever the entry
+/// finds either is written or still has its own entry.
 #[derive(Clone, Copy, Debug)]
-#[repr(C, packed(4))]
 struct Delayed {
     due_ms: u32,
-    user_id: u64,
+    slot: Slot,
 }
 
 /// The unit of [`CachedUser::since`]: fine enough for a gauge and for a
@@ -376,7 +379,7 @@ impl Shard {
         if let (true, Some(now)) = (schedule, now) {
             self.wake |= self.delayed.is_empty();
             let due_ms = self.millis_ceil(now + write_delay);
-            self.delayed.push_back(Delayed { due_ms, user_id });
+            self.delayed.push_back(Delayed { due_ms, slot });
         }
         if let Some(change) = change {
             self.publish(change);

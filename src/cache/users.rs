@@ -186,6 +186,12 @@ impl Users {
         &self.slab[slot / CHUNK][slot % CHUNK]
     }
 
+    /// The user at slab position `slot`, if one is there (not vacant).
+    pub(crate) fn user_at(&self, slot: Slot) -> Option<u64> {
+        let user = self.get(slot);
+        (!user.is(Flags::VACANT)).then_some(user.user_id)
+    }
+
     pub(crate) fn get_mut(&mut self, slot: Slot) -> &mut CachedUser {
         let slot = slot as usize;
         &mut self.slab[slot / CHUNK][slot % CHUNK]

@@ -510,6 +510,44 @@ async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
     );
 }
 
+/// The delay queue names users by slab position (8 bytes an entry): an
+/// entry outlives its user, and when it comes due, whoever holds the
+/// position since is looked at. Such a user is written early, and never
+/// loses a change.
+#[tokio::test(start_paused = true)]
+async fn a_queue_entry_outliving_its_user_writes_the_next_user_early_and_loses_nothing() {
+    let store = Arc::new(FaultyStore::memory());
+    let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
+    message(&cache, 1, 1, 10).await.unwrap();
+    message(&cache, 1, 2, 10).await.unwrap(); // due at 30 s
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1, written at once
+    settle().await;
+    assert_eq!(store.writes().len(), 1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // User 3 takes user 1's position; its own entry is due at 55 s.
+    message(&cache, 3, 1, 10).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5) + ms(1)).await;
+    settle().await;
+    let written: Vec<u64> = store.writes().iter().map(|w| w.user_id).collect();
+    assert_eq!(written, [1, 3], "user 1's entry, at 30 s, wrote user 3");
+    // A change after that early write is written by an entry of its own.
+    message(&cache, 3, 1, 11).await.unwrap();
+    tokio::time::sleep(DELAY + DELAY).await;
+    settle().await;
+    assert_eq!(cache.unwritten(), 0);
+    for (user_id, channel_id, count) in [(1, 1, 1), (1, 2, 1), (2, 1, 1), (3, 1, 2)] {
+        let stored = store.load(user_id).await.unwrap();
+        let state = (stored.read_states.iter())
+            .find(|s| s.channel_id == channel_id)
+            .expect("written");
+        assert_eq!(
+            state.unread_count, count,
+            "user {user_id}, channel {channel_id}"
+        );
+    }
+}
+
 /// Found by the simulation (`tests/simulation.rs`): a user written by
 /// write-through while in the eviction buffer was dropped from it although a
 /// write-behind write of it was backing off; that write then ended without

@@ -26,13 +26,16 @@ impl Shard {
                 user_id
             } else {
                 match self.delayed.front().copied() {
-                    Some(Delayed { due_ms, user_id }) => {
+                    Some(Delayed { due_ms, slot }) => {
                         let wait = due_ms.wrapping_sub(self.millis(now)) as i32;
                         if wait > 0 {
                             let due = now + Duration::from_millis(wait as u64);
                             return Due::Wait(Some(handed.map_or(due, |h| h.min(due))));
                         }
                         self.delayed.pop_front();
+                        let Some(user_id) = self.users.user_at(slot) else {
+                            continue;
+                        };
                         user_id
                     }
                     None => return Due::Wait(handed),
@@ -54,8 +57,8 @@ impl Shard {
     /// nothing left to write (written on eviction, or by write-through), so
     /// that the front is the oldest unwritten change.
     pub(super) fn drop_stale_delayed(&mut self) {
-        while let Some(&Delayed { user_id, .. }) = self.delayed.front() {
-            if let Some(slot) = self.users.find(user_id) {
+        while let Some(&Delayed { slot, .. }) = self.delayed.front() {
+            if self.users.user_at(slot).is_some() {
                 let user = self.users.get_mut(slot);
                 if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
                     return;
