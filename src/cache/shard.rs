@@ -49,10 +49,9 @@ struct Subscriber {
 
 /// The user at `slot` to write at `due_ms` (the shard's millisecond clock):
 /// 8 bytes, one per user with unwritten changes. By slab position, not user
-/// id: once its user is forgotten, the slot may hold another user when the
-/// entry comes due, who is then looked at (and written, if it has unwritten
-/// changes) early. That costs a write, never a change: whoever the entry
-/// finds either is written or still has its own entry.
+/// id (4 bytes less): a position is not reused while an entry may name it
+/// (see [`Shard::forget`]), so an entry finds its user's id there, held
+/// still or forgotten since, as if it named the user.
 #[derive(Clone, Copy, Debug)]
 struct Delayed {
     due_ms: u32,
@@ -141,6 +140,8 @@ pub(crate) struct Shard {
     /// Users to write `write_delay` after their first change, in time order
     /// (the delay is constant, so FIFO is deadline order).
     delayed: VecDeque<Delayed>,
+    /// Entries `delayed` has let go of, in all.
+    delayed_popped: u64,
     /// Users handed over by another node, to write when they were due
     /// there, soonest first: their deadlines fall anywhere within
     /// `delayed`'s.
@@ -200,6 +201,7 @@ impl Shard {
             loading: HashMap::new(),
             pins_beyond: HashMap::new(),
             delayed: VecDeque::new(),
+            delayed_popped: 0,
             handed: BinaryHeap::new(),
             ready: VecDeque::new(),
             in_flight: HashMap::new(),
@@ -275,7 +277,11 @@ impl Shard {
 
     /// Drops a user and its read states.
     fn forget(&mut self, slot: Slot) {
-        let user = self.users.remove(slot);
+        // An entry of `delayed` may name the position: it is reused once
+        // every entry queued so far is let go of.
+        let cool_until =
+            (!self.delayed.is_empty()).then(|| self.delayed_popped + self.delayed.len() as u64);
+        let user = self.users.remove(slot, cool_until);
         if user.pins == u8::MAX {
             // Let go while pinned (a release): the pins' holders see that
             // by the slot's generation.

@@ -8,6 +8,8 @@
 //! needs no links between records: a used user is marked in its own record
 //! (`REFERENCED`), and the hand gives a marked user a second chance.
 
+use std::collections::VecDeque;
+
 use hashbrown::HashTable;
 
 use super::arena::Block;
@@ -149,6 +151,10 @@ pub(crate) struct Users {
     slab: Vec<Vec<CachedUser>>,
     /// Slab positions given back (flagged `VACANT`), reused first.
     vacant: Vec<Slot>,
+    /// Slab positions given back that the shard's delay queue may still
+    /// name, each with how many entries the queue must have let go of
+    /// before it is reused (see [`Users::remove`]), in that order.
+    cooling: VecDeque<(u64, Slot)>,
     index: HashTable<Slot>,
     /// The slab position the eviction hand looks at next.
     hand: Slot,
@@ -184,12 +190,6 @@ impl Users {
     pub(crate) fn get(&self, slot: Slot) -> &CachedUser {
         let slot = slot as usize;
         &self.slab[slot / CHUNK][slot % CHUNK]
-    }
-
-    /// The user at slab position `slot`, if one is there (not vacant).
-    pub(crate) fn user_at(&self, slot: Slot) -> Option<u64> {
-        let user = self.get(slot);
-        (!user.is(Flags::VACANT)).then_some(user.user_id)
     }
 
     pub(crate) fn get_mut(&mut self, slot: Slot) -> &mut CachedUser {
@@ -234,8 +234,13 @@ impl Users {
         slot
     }
 
-    /// Forgets a user, cached or evicted; returns its record.
-    pub(crate) fn remove(&mut self, slot: Slot) -> CachedUser {
+    /// Forgets a user, cached or evicted; returns its record. Its position
+    /// keeps its id and is reused at once, or, with `cool_until`, once the
+    /// shard's delay queue has let go of that many entries: until then an
+    /// entry may name the position, and must find this user's id there
+    /// (another user's would be written early, and a busy one would be on
+    /// two write schedules from then on).
+    pub(crate) fn remove(&mut self, slot: Slot, cool_until: Option<u64>) -> CachedUser {
         let user = self.get(slot).clone();
         if user.is_cached() {
             self.cached -= 1;
@@ -249,8 +254,22 @@ impl Users {
             entry.remove();
         }
         self.get_mut(slot).flags = Flags::VACANT;
-        self.vacant.push(slot);
+        match cool_until {
+            Some(until) => self.cooling.push_back((until, slot)),
+            None => self.vacant.push(slot),
+        }
         user
+    }
+
+    /// The shard's delay queue has let go of `popped` entries in all:
+    /// positions it can no longer name are reused.
+    pub(crate) fn cooled(&mut self, popped: u64) {
+        while let Some(&(until, slot)) = self.cooling.front()
+            && until <= popped
+        {
+            self.cooling.pop_front();
+            self.vacant.push(slot);
+        }
     }
 
     /// Moves the hand to the next cached user and returns it; `None` if
@@ -331,7 +350,7 @@ mod tests {
         assert!(users.get(slots[3]).is(Flags::REFERENCED));
         assert_eq!(picks(&mut users, 3), [3, 4, 5].map(|id| id << 22));
 
-        let removed = users.remove(slots[1]);
+        let removed = users.remove(slots[1], None);
         assert_eq!(removed.user_id, 2 << 22);
         assert_eq!(users.find(2 << 22), None);
         // A vacant position is no user.
@@ -349,7 +368,7 @@ mod tests {
 
         // Evicted users and vacant positions only: nothing to pick.
         for slot in [slots[0], slots[1], slots[2], slots[3]] {
-            users.remove(slot);
+            users.remove(slot, None);
         }
         users.evict(slots[4]);
         assert_eq!(users.next_for_eviction(), None);

@@ -32,10 +32,8 @@ impl Shard {
                             let due = now + Duration::from_millis(wait as u64);
                             return Due::Wait(Some(handed.map_or(due, |h| h.min(due))));
                         }
-                        self.delayed.pop_front();
-                        let Some(user_id) = self.users.user_at(slot) else {
-                            continue;
-                        };
+                        let user_id = self.users.get(slot).user_id;
+                        self.pop_delayed();
                         user_id
                     }
                     None => return Due::Wait(handed),
@@ -58,15 +56,23 @@ impl Shard {
     /// that the front is the oldest unwritten change.
     pub(super) fn drop_stale_delayed(&mut self) {
         while let Some(&Delayed { slot, .. }) = self.delayed.front() {
-            if self.users.user_at(slot).is_some() {
+            if let Some(slot) = self.users.find(self.users.get(slot).user_id) {
                 let user = self.users.get_mut(slot);
                 if user.has_unwritten() || user.is(Flags::IN_FLIGHT) {
                     return;
                 }
                 user.flags.set(Flags::QUEUED, false);
             }
-            self.delayed.pop_front();
+            self.pop_delayed();
         }
+    }
+
+    /// Lets go of the front entry of `delayed`: positions no entry can name
+    /// any more may be reused.
+    fn pop_delayed(&mut self) {
+        self.delayed.pop_front();
+        self.delayed_popped += 1;
+        self.users.cooled(self.delayed_popped);
     }
 
     /// Every unwritten user not already being written, for the final drain.
