@@ -51,22 +51,20 @@ fn chunk() -> Vec<HandedUser> {
         .collect()
 }
 
+/// `users` packed, as a `HandOver` chunk carries them.
+fn pack_all(users: &[HandedUser]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(users.iter().map(packed::len).sum());
+    for user in users {
+        packed::pack(&mut out, user);
+    }
+    out
+}
+
 fn codec(c: &mut Criterion) {
     let users = chunk();
     let mut group = c.benchmark_group("handoff");
-    group.bench_function("pack_256_users", |b| {
-        b.iter(|| {
-            let mut out = Vec::with_capacity(users.iter().map(packed::len).sum());
-            for user in &users {
-                packed::pack(&mut out, user);
-            }
-            out
-        })
-    });
-    let mut bytes = Vec::new();
-    for user in &users {
-        packed::pack(&mut bytes, user);
-    }
+    group.bench_function("pack_256_users", |b| b.iter(|| pack_all(&users)));
+    let bytes = pack_all(&users);
     group.bench_function("unpack_256_users", |b| {
         b.iter(|| packed::unpack(&bytes).expect("packed above"))
     });

@@ -326,6 +326,18 @@ fn start_one_shard(
     (cache, write_behind)
 }
 
+/// On a one-shard cache of capacity 2: user 1 changes two read states (due
+/// at `DELAY`), and `wait` later user 2 changes one, which evicts user 1:
+/// written at once, the store's first write.
+async fn user_1_evicted_by_user_2_after(cache: &Arc<Cache>, store: &FaultyStore, wait: Duration) {
+    message(cache, 1, 1, 10).await.unwrap();
+    message(cache, 1, 2, 10).await.unwrap();
+    tokio::time::sleep(wait).await;
+    message(cache, 2, 1, 10).await.unwrap();
+    settle().await;
+    assert_eq!(store.writes().len(), 1);
+}
+
 /// Case 1 of "Lossless at every transition": the drain skipped users with a
 /// write under way, and what changed during that write was never written.
 #[tokio::test(start_paused = true)]
@@ -489,12 +501,7 @@ async fn write_through_writes_at_most_the_write_concurrency_at_once() {
 async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
     let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
-    message(&cache, 1, 1, 10).await.unwrap();
-    message(&cache, 1, 2, 10).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1, written at once
-    settle().await;
-    assert_eq!(store.writes().len(), 1);
+    user_1_evicted_by_user_2_after(&cache, &store, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let oldest = cache
         .stats()
@@ -518,12 +525,7 @@ async fn the_oldest_unwritten_change_is_found_behind_users_written_since() {
 async fn a_queue_entry_outliving_its_user_writes_nobody_else() {
     let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
-    message(&cache, 1, 1, 10).await.unwrap();
-    message(&cache, 1, 2, 10).await.unwrap(); // due at 30 s
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1, written at once
-    settle().await;
-    assert_eq!(store.writes().len(), 1);
+    user_1_evicted_by_user_2_after(&cache, &store, Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     message(&cache, 3, 1, 10).await.unwrap(); // due at 55 s
     tokio::time::sleep(Duration::from_secs(5) + ms(1)).await;
@@ -559,11 +561,7 @@ async fn a_queue_entry_outliving_its_user_writes_nobody_else() {
 async fn a_busy_user_in_a_forgotten_users_place_is_written_once_per_delay() {
     let store = Arc::new(FaultyStore::memory());
     let (cache, _write_behind) = start_one_shard(store.clone(), 2, DELAY, 32);
-    message(&cache, 1, 1, 10).await.unwrap();
-    message(&cache, 1, 2, 10).await.unwrap(); // due at 30 s
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    message(&cache, 2, 1, 10).await.unwrap(); // evicts user 1, written at once
-    settle().await;
+    user_1_evicted_by_user_2_after(&cache, &store, Duration::from_secs(5)).await;
     message(&cache, 3, 1, 10).await.unwrap(); // due at 35 s
     for message_id in 11..126 {
         tokio::time::sleep(Duration::from_secs(1)).await;
