@@ -678,3 +678,55 @@ fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
     assert_eq!(replayed, Some(5), "the replayed write is lost");
     assert_eq!(handed, Some(9));
 }
+
+/// Found in review (stop 50): a replayed user handed in while its replayed
+/// write is under way. The handed-in user's queue entry came due during
+/// that write and was spent on it (`begin_write` found a write of the user
+/// under way), and the replayed write's end queued nothing: the handed-in
+/// changes waited for the user's next change, an eviction or a shutdown,
+/// however long, and the journal could not be trimmed past them.
+#[tokio::test(start_paused = true)]
+async fn a_user_handed_in_during_its_replayed_write_is_written_after_it() {
+    use crate::cache::handoff::{Chunk, HandedUser};
+    use crate::read_state::UserReadStates;
+
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Hang));
+    let config = CacheConfig::default();
+    let write_delay = config.write_delay;
+    let cache = Cache::new(config, store.clone());
+    let mut replayed = UserReadStates::default();
+    replayed.ack(Key::channel(10), 5, 1);
+    cache.replay(Replayed {
+        users: [(7, UserWrite::of(7, &replayed))].into(),
+        ..Replayed::default()
+    });
+    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    // The replayed write begins, and hangs in the store.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mut handed = UserReadStates::default();
+    handed.ack(Key::channel(11), 9, crate::clock::now_micros());
+    // Unwritten for a whole delay at its previous owner: due at once, while
+    // the replayed write is still under way.
+    cache.install(Chunk::Users(vec![HandedUser {
+        user_id: 7,
+        states: handed,
+        unwritten_for: Some(write_delay),
+    }]));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    store.clear();
+    tokio::time::sleep(write_delay * 3).await;
+    let stored = store.load(7).await.unwrap();
+    let acked = |channel| {
+        (stored.read_states.iter())
+            .find(|s| s.channel_id == channel)
+            .map(|s| s.last_acked_id)
+    };
+    assert_eq!(acked(10), Some(5), "the replayed write");
+    assert_eq!(
+        acked(11),
+        Some(9),
+        "the handed-in change, unwritten three delays on"
+    );
+    assert_eq!(cache.unwritten(), 0);
+}

@@ -136,14 +136,32 @@ impl Shard {
             return;
         };
         if !self.users.get(slot).is(Flags::IN_FLIGHT) {
-            // The replayed write beside it (see `begin_write`); the user's
-            // own changes are queued next.
+            // The replayed write beside it (see `begin_write`). The user's
+            // own changes are queued next: their queue entry may have come
+            // due, and been spent, while this write was under way.
             self.finish_replayed_write(user_id, version);
             self.settle(user_id, None, now_us, began);
+            if version.is_some() {
+                self.queue_now(user_id);
+            }
             return;
         }
         self.users.get_mut(slot).flags.set(Flags::IN_FLIGHT, false);
         self.settle(user_id, version, now_us, began);
+    }
+
+    /// Queues `user_id` for a write now if it has changes that no queue
+    /// entry or write under way will take.
+    fn queue_now(&mut self, user_id: u64) {
+        let Some(slot) = self.users.find(user_id) else {
+            return;
+        };
+        let user = self.users.get_mut(slot);
+        if user.has_unwritten() && !user.is(Flags::QUEUED) && !user.is(Flags::IN_FLIGHT) {
+            user.flags.set(Flags::QUEUED, true);
+            self.ready.push_back(user_id);
+            self.wake = true;
+        }
     }
 
     /// A request's own write of `user_id` up to `version` succeeded
