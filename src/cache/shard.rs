@@ -148,6 +148,10 @@ pub(crate) struct Shard {
     handed: BinaryHeap<Reverse<(Instant, u64)>>,
     /// Users to write as soon as possible (evicted, or changed while written).
     ready: VecDeque<u64>,
+    /// Replayed users' writes to make as soon as possible: a queue of their
+    /// own, so that popping one never takes `QUEUED` from the same user
+    /// cached since (handed in), whose own entry is still to come.
+    replayed_ready: VecDeque<u64>,
     /// Users with a write under way.
     in_flight: HashMap<u64, u16>,
     /// Users replayed from the journal and not loaded (see [`replayed`]).
@@ -204,6 +208,7 @@ impl Shard {
             delayed_popped: 0,
             handed: BinaryHeap::new(),
             ready: VecDeque::new(),
+            replayed_ready: VecDeque::new(),
             in_flight: HashMap::new(),
             replayed: HashMap::new(),
             replayed_since: None,

@@ -679,6 +679,41 @@ fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
     assert_eq!(handed, Some(9));
 }
 
+/// User 7 replayed into `cache`, channel 10 acked at 5.
+fn replay_user_7(cache: &Cache) {
+    let mut replayed = crate::read_state::UserReadStates::default();
+    replayed.ack(Key::channel(10), 5, 1);
+    cache.replay(Replayed {
+        users: [(7, UserWrite::of(7, &replayed))].into(),
+        ..Replayed::default()
+    });
+}
+
+/// User 7 handed in to `cache`, channel 11 acked at 9, a change unwritten
+/// for `unwritten_for` at its previous owner.
+fn hand_in_user_7(cache: &Cache, unwritten_for: Duration) {
+    use crate::cache::handoff::{Chunk, HandedUser};
+
+    let mut handed = crate::read_state::UserReadStates::default();
+    handed.ack(Key::channel(11), 9, crate::clock::now_micros());
+    cache.install(Chunk::Users(vec![HandedUser {
+        user_id: 7,
+        states: handed,
+        unwritten_for: Some(unwritten_for),
+    }]));
+}
+
+/// What the store holds of user 7: the last acked of channels 10 and 11.
+async fn stored_user_7(store: &FaultyStore) -> (Option<u64>, Option<u64>) {
+    let stored = store.load(7).await.unwrap();
+    let acked = |channel| {
+        (stored.read_states.iter())
+            .find(|s| s.channel_id == channel)
+            .map(|s| s.last_acked_id)
+    };
+    (acked(10), acked(11))
+}
+
 /// Found in review (stop 50): a replayed user handed in while its replayed
 /// write is under way. The handed-in user's queue entry came due during
 /// that write and was spent on it (`begin_write` found a write of the user
@@ -687,46 +722,79 @@ fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
 /// however long, and the journal could not be trimmed past them.
 #[tokio::test(start_paused = true)]
 async fn a_user_handed_in_during_its_replayed_write_is_written_after_it() {
-    use crate::cache::handoff::{Chunk, HandedUser};
-    use crate::read_state::UserReadStates;
-
     let store = Arc::new(FaultyStore::memory());
     store.inject(Fault::new(Operation::Write, Effect::Hang));
     let config = CacheConfig::default();
     let write_delay = config.write_delay;
     let cache = Cache::new(config, store.clone());
-    let mut replayed = UserReadStates::default();
-    replayed.ack(Key::channel(10), 5, 1);
-    cache.replay(Replayed {
-        users: [(7, UserWrite::of(7, &replayed))].into(),
-        ..Replayed::default()
-    });
+    replay_user_7(&cache);
     let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
     // The replayed write begins, and hangs in the store.
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let mut handed = UserReadStates::default();
-    handed.ack(Key::channel(11), 9, crate::clock::now_micros());
     // Unwritten for a whole delay at its previous owner: due at once, while
     // the replayed write is still under way.
-    cache.install(Chunk::Users(vec![HandedUser {
-        user_id: 7,
-        states: handed,
-        unwritten_for: Some(write_delay),
-    }]));
+    hand_in_user_7(&cache, write_delay);
     tokio::time::sleep(Duration::from_millis(10)).await;
     store.clear();
     tokio::time::sleep(write_delay * 3).await;
-    let stored = store.load(7).await.unwrap();
-    let acked = |channel| {
-        (stored.read_states.iter())
-            .find(|s| s.channel_id == channel)
-            .map(|s| s.last_acked_id)
-    };
-    assert_eq!(acked(10), Some(5), "the replayed write");
+    let (replayed, handed) = stored_user_7(&store).await;
+    assert_eq!(replayed, Some(5), "the replayed write");
     assert_eq!(
-        acked(11),
+        handed,
         Some(9),
         "the handed-in change, unwritten three delays on"
     );
     assert_eq!(cache.unwritten(), 0);
+}
+
+/// Found in review (stop 51): the same, with the replayed write failing
+/// and dropped (its node's takeover wrote it) while it backed off. Its
+/// retry found no replayed write and ended without letting go of the
+/// user: the user's own changes, their entry spent meanwhile, waited in no
+/// queue, and the user counted as being written for good.
+#[tokio::test(start_paused = true)]
+async fn a_user_beside_a_replayed_write_dropped_while_it_backed_off_is_written() {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
+    let config = CacheConfig::default();
+    let write_delay = config.write_delay;
+    let cache = Cache::new(config, store.clone());
+    replay_user_7(&cache);
+    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    // The replayed write fails, and backs off (at least 75 ms).
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    hand_in_user_7(&cache, write_delay);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(cache.drop_replayed(), 1);
+    store.clear();
+    tokio::time::sleep(write_delay * 3).await;
+    assert_eq!(stored_user_7(&store).await, (None, Some(9)));
+    assert_eq!(cache.unwritten(), 0);
+    assert_eq!(cache.writes_in_flight(), 0);
+}
+
+/// Found in review (stop 51): a replayed write's queue entry, popped after
+/// the same user was handed in, took `QUEUED` from the user while the
+/// user's own entry was still to come. The user's next change queued a
+/// second entry, and a busy user went on two write schedules for good: 7
+/// writes in 120 s where 4 are due.
+#[tokio::test(start_paused = true)]
+async fn a_busy_user_handed_in_beside_its_replayed_write_is_written_once_per_delay() {
+    let store = Arc::new(FaultyStore::memory());
+    let config = CacheConfig::default();
+    assert_eq!(config.write_delay, Duration::from_secs(30));
+    let cache = Cache::new(config, store.clone());
+    replay_user_7(&cache);
+    hand_in_user_7(&cache, Duration::ZERO);
+    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    for second in 1..=120 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ack(&cache, 7, 11, 10 + second).await;
+    }
+    let writes = (store.writes().iter())
+        .filter(|write| write.user_id == 7)
+        .count();
+    // The replayed write at once, then the user's own at 30, 61 and 92 s.
+    assert_eq!(writes, 4);
+    assert_eq!(stored_user_7(&store).await.0, Some(5));
 }

@@ -20,7 +20,7 @@ impl Shard {
             self.adjust_unwritten(-(rows(&old) as isize));
         }
         self.replayed_since.get_or_insert(since);
-        self.ready.push_back(user_id);
+        self.replayed_ready.push_back(user_id);
         self.wake = true;
     }
 
@@ -53,7 +53,7 @@ impl Shard {
             self.adjust_unwritten(-(rows(&write) as isize));
         } else {
             self.replayed.insert(user_id, write);
-            self.ready.push_back(user_id);
+            self.replayed_ready.push_back(user_id);
             self.wake = true;
         }
     }
@@ -107,7 +107,7 @@ impl Shard {
     pub(crate) fn expedite_replayed(&mut self, ids: &[u64]) {
         for &user_id in ids {
             if self.replayed_due(user_id) {
-                self.ready.push_back(user_id);
+                self.replayed_ready.push_back(user_id);
                 self.wake = true;
             }
         }

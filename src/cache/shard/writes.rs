@@ -16,6 +16,12 @@ impl Shard {
     /// Pops the next user due for a write at `now`, skipping stale entries.
     pub(crate) fn next_due(&mut self, now: Instant) -> Due {
         loop {
+            if let Some(user_id) = self.replayed_ready.pop_front() {
+                if self.replayed_due(user_id) {
+                    return Due::User(user_id);
+                }
+                continue;
+            }
             let handed = self.handed.peek().map(|&Reverse((due, _))| due);
             let user_id = if let Some(user_id) = self.ready.pop_front() {
                 user_id
@@ -108,6 +114,13 @@ impl Shard {
             return self.begin_replayed_write(user_id, retry);
         }
         if user.is(Flags::IN_FLIGHT) != retry {
+            if retry {
+                // The retry of a replayed write beside the user, dropped
+                // meanwhile (`drop_replayed`): that write ends here, and the
+                // user's own entry may have been spent while it backed off.
+                self.in_flight.remove(&user_id);
+                self.queue_now(user_id);
+            }
             return None;
         }
         if !user.has_unwritten() {
