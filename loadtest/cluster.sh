@@ -18,6 +18,8 @@
 #   MOVING_RATE=5000 loadtest/cluster.sh   the moves at a fixed rate (comparable
 #                                          across runs; the pairs' median moves
 #                                          with the host's load)
+#   SERVE_ARGS="--journal off" loadtest/cluster.sh
+#                                          every node started with these too
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,7 +30,8 @@ MOVING_LOAD="${MOVING_LOAD:-0.5}"
 OUT=target/loadtest-cluster
 
 source loadtest/lib.sh
-start_fleet "$OUT" 3 5020
+# shellcheck disable=SC2086 # the arguments are words
+start_fleet "$OUT" 3 5020 ${SERVE_ARGS:-}
 for n in 1 2 3; do
     "$RS" ring "${common[@]}" add "n$n" "127.0.0.1:5020$n" --weight 100 --wait 60s >/dev/null
 done
