@@ -628,9 +628,6 @@ async fn a_handed_in_user_is_journaled_under_its_shards_lock() {
 /// The replayed write is written, as it is, before the cached user's.
 #[test]
 fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
-    use crate::cache::handoff::{Chunk, HandedUser};
-    use crate::read_state::UserReadStates;
-
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -644,31 +641,14 @@ fn a_replayed_user_handed_in_again_still_has_its_replayed_write_written() {
             // the user is handed in.
             store.inject(Fault::new(Operation::Write, Effect::Hang));
             let cache = Cache::new(CacheConfig::default(), store.clone());
-            let mut replayed = UserReadStates::default();
-            replayed.ack(Key::channel(10), 5, 1);
-            cache.replay(Replayed {
-                users: [(7, UserWrite::of(7, &replayed))].into(),
-                ..Replayed::default()
-            });
+            replay_user_7(&cache);
             let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-            let mut handed = UserReadStates::default();
-            handed.ack(Key::channel(11), 9, crate::clock::now_micros());
-            let handed = HandedUser {
-                user_id: 7,
-                states: handed,
-                unwritten_for: Some(Duration::ZERO),
-            };
             tokio::time::sleep(Duration::from_millis(10)).await;
-            cache.install(Chunk::Users(vec![handed]));
+            hand_in_user_7(&cache, Duration::ZERO);
             store.clear();
             let report = write_behind.shutdown(Duration::from_secs(10)).await;
-            let stored = store.load(7).await.unwrap();
-            let acked = |channel| {
-                (stored.read_states.iter())
-                    .find(|s| s.channel_id == channel)
-                    .map(|s| s.last_acked_id)
-            };
-            let _ = done.send((report.unwritten, acked(10), acked(11)));
+            let (replayed, handed) = stored_user_7(&store).await;
+            let _ = done.send((report.unwritten, replayed, handed));
         });
     });
     let (unwritten, replayed, handed) = finished
@@ -776,7 +756,7 @@ async fn a_user_beside_a_replayed_write_dropped_while_it_backed_off_is_written()
 /// Found in review (stop 51): a replayed write's queue entry, popped after
 /// the same user was handed in, took `QUEUED` from the user while the
 /// user's own entry was still to come. The user's next change queued a
-/// second entry, and a busy user went on two write schedules for good: 7
+/// second entry, and a busy user went on two write schedules for good: 8
 /// writes in 120 s where 4 are due.
 #[tokio::test(start_paused = true)]
 async fn a_busy_user_handed_in_beside_its_replayed_write_is_written_once_per_delay() {
