@@ -753,6 +753,34 @@ async fn a_user_beside_a_replayed_write_dropped_while_it_backed_off_is_written()
     assert_eq!(cache.writes_in_flight(), 0);
 }
 
+/// Found in review (stop 51): the same, with the user handed in and then
+/// let go of (its slot moved on) while the replayed write backed off.
+/// Letting go of the user also forgot that the replayed write was in
+/// flight: its retry then found itself not under way and ended, and the
+/// replayed write waited in no queue until a shutdown or a release.
+#[tokio::test(start_paused = true)]
+async fn a_replayed_write_beside_a_user_let_go_of_while_it_backed_off_is_written() {
+    use crate::cache::handoff::Chunk;
+
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, Effect::Fail));
+    let config = CacheConfig::default();
+    let write_delay = config.write_delay;
+    let cache = Cache::new(config, store.clone());
+    replay_user_7(&cache);
+    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    // The replayed write fails, and backs off (at least 75 ms).
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    hand_in_user_7(&cache, write_delay);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    cache.install(Chunk::Gone(vec![7]));
+    store.clear();
+    tokio::time::sleep(write_delay * 3).await;
+    assert_eq!(stored_user_7(&store).await, (Some(5), None));
+    assert_eq!(cache.unwritten(), 0);
+    assert_eq!(cache.writes_in_flight(), 0);
+}
+
 /// Found in review (stop 51): a replayed write's queue entry, popped after
 /// the same user was handed in, took `QUEUED` from the user while the
 /// user's own entry was still to come. The user's next change queued a

@@ -122,7 +122,11 @@ impl Shard {
         } else {
             self.read_states -= weight;
         }
-        self.in_flight.remove(&user_id);
+        // Only the user's own write: a replayed write beside it (see
+        // `begin_write`) goes on, and must still find itself in flight.
+        if user.is(Flags::IN_FLIGHT) {
+            self.in_flight.remove(&user_id);
+        }
         self.adjust_unwritten(-(unwritten as isize));
         self.forget(slot);
         true
