@@ -694,6 +694,24 @@ async fn stored_user_7(store: &FaultyStore) -> (Option<u64>, Option<u64>) {
     (acked(10), acked(11))
 }
 
+/// User 7 replayed and its replayed write begun, `effect` in the store
+/// (it hangs there, or fails and backs off for at least 75 ms); then user
+/// 7 handed in, unwritten for a whole delay at its previous owner: due at
+/// once, while the replayed write is still under way.
+async fn user_7_handed_in_during_its_replayed_write(
+    effect: Effect,
+) -> (Arc<FaultyStore>, Arc<Cache>, WriteBehind) {
+    let store = Arc::new(FaultyStore::memory());
+    store.inject(Fault::new(Operation::Write, effect));
+    let cache = Cache::new(CacheConfig::default(), store.clone());
+    replay_user_7(&cache);
+    let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    hand_in_user_7(&cache, CacheConfig::default().write_delay);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    (store, cache, write_behind)
+}
+
 /// Found in review (stop 50): a replayed user handed in while its replayed
 /// write is under way. The handed-in user's queue entry came due during
 /// that write and was spent on it (`begin_write` found a write of the user
@@ -702,19 +720,9 @@ async fn stored_user_7(store: &FaultyStore) -> (Option<u64>, Option<u64>) {
 /// however long, and the journal could not be trimmed past them.
 #[tokio::test(start_paused = true)]
 async fn a_user_handed_in_during_its_replayed_write_is_written_after_it() {
-    let store = Arc::new(FaultyStore::memory());
-    store.inject(Fault::new(Operation::Write, Effect::Hang));
-    let config = CacheConfig::default();
-    let write_delay = config.write_delay;
-    let cache = Cache::new(config, store.clone());
-    replay_user_7(&cache);
-    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-    // The replayed write begins, and hangs in the store.
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    // Unwritten for a whole delay at its previous owner: due at once, while
-    // the replayed write is still under way.
-    hand_in_user_7(&cache, write_delay);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (store, cache, _write_behind) =
+        user_7_handed_in_during_its_replayed_write(Effect::Hang).await;
+    let write_delay = CacheConfig::default().write_delay;
     store.clear();
     tokio::time::sleep(write_delay * 3).await;
     let (replayed, handed) = stored_user_7(&store).await;
@@ -734,17 +742,9 @@ async fn a_user_handed_in_during_its_replayed_write_is_written_after_it() {
 /// queue, and the user counted as being written for good.
 #[tokio::test(start_paused = true)]
 async fn a_user_beside_a_replayed_write_dropped_while_it_backed_off_is_written() {
-    let store = Arc::new(FaultyStore::memory());
-    store.inject(Fault::new(Operation::Write, Effect::Fail));
-    let config = CacheConfig::default();
-    let write_delay = config.write_delay;
-    let cache = Cache::new(config, store.clone());
-    replay_user_7(&cache);
-    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-    // The replayed write fails, and backs off (at least 75 ms).
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    hand_in_user_7(&cache, write_delay);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (store, cache, _write_behind) =
+        user_7_handed_in_during_its_replayed_write(Effect::Fail).await;
+    let write_delay = CacheConfig::default().write_delay;
     assert_eq!(cache.drop_replayed(), 1);
     store.clear();
     tokio::time::sleep(write_delay * 3).await;
@@ -762,17 +762,9 @@ async fn a_user_beside_a_replayed_write_dropped_while_it_backed_off_is_written()
 async fn a_replayed_write_beside_a_user_let_go_of_while_it_backed_off_is_written() {
     use crate::cache::handoff::Chunk;
 
-    let store = Arc::new(FaultyStore::memory());
-    store.inject(Fault::new(Operation::Write, Effect::Fail));
-    let config = CacheConfig::default();
-    let write_delay = config.write_delay;
-    let cache = Cache::new(config, store.clone());
-    replay_user_7(&cache);
-    let _write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
-    // The replayed write fails, and backs off (at least 75 ms).
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    hand_in_user_7(&cache, write_delay);
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    let (store, cache, _write_behind) =
+        user_7_handed_in_during_its_replayed_write(Effect::Fail).await;
+    let write_delay = CacheConfig::default().write_delay;
     cache.install(Chunk::Gone(vec![7]));
     store.clear();
     tokio::time::sleep(write_delay * 3).await;
