@@ -8,6 +8,14 @@
 //! from the instant the read that first returned it *returned* (the
 //! renewal may have applied while the read ran), and judged unchanged up to
 //! the instant *before* the last read that still returned it.
+//!
+//! Only reads the store answered in time count: a read that fails, or
+//! takes longer than a renewal may (the holder gives a renewal a quarter of
+//! the lease), starts the record's timing again from the next read that
+//! answers. A store outage silences every node alike, so it is never read
+//! as the silence of one (issue 53: a backup took a live node over when
+//! Cassandra came back from an 8 s reset, its last sighting from before the
+//! outage).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,6 +42,9 @@ struct Sighting {
     confirmed: Instant,
     /// When it was read last.
     read: Instant,
+    /// A read failed or was slow since `confirmed`: the next that answers
+    /// starts the timing again.
+    interrupted: bool,
 }
 
 impl Sightings {
@@ -60,7 +71,7 @@ impl Sightings {
                     s.read.elapsed() >= every
                 });
                 if due {
-                    self.read(store, &node).await;
+                    self.read(store, &node, lease).await;
                 }
             }
             tokio::select! {
@@ -70,19 +81,27 @@ impl Sightings {
         }
     }
 
-    async fn read(&self, store: &dyn RingStore, node: &str) {
+    async fn read(&self, store: &dyn RingStore, node: &str, lease: LeaseConfig) {
         let before = Instant::now();
-        let record = match store.lease(node).await {
-            Ok(record) => record,
-            Err(e) => {
-                tracing::debug!(node, error = %e, "cannot read a lease");
+        let read = store.lease(node).await;
+        let now = Instant::now();
+        let mut sightings = self.lock();
+        let record = match read {
+            Ok(record) if now.duration_since(before) <= lease.renew_every() => record,
+            Ok(_) | Err(_) => {
+                if let Err(e) = read {
+                    tracing::debug!(node, error = %e, "cannot read a lease");
+                }
+                // The holder could not renew through this either.
+                if let Some(seen) = sightings.get_mut(node) {
+                    seen.interrupted = true;
+                    seen.read = now;
+                }
                 return;
             }
         };
-        let now = Instant::now();
-        let mut sightings = self.lock();
         match sightings.get_mut(node) {
-            Some(seen) if seen.record == record => {
+            Some(seen) if seen.record == record && !seen.interrupted => {
                 seen.confirmed = before;
                 seen.read = now;
             }
@@ -92,6 +111,7 @@ impl Sightings {
                     since: now,
                     confirmed: now,
                     read: now,
+                    interrupted: false,
                 };
                 sightings.insert(node.to_owned(), seen);
             }
@@ -179,6 +199,64 @@ mod tests {
             "seen lapsed {after:?} after"
         );
         assert_eq!(sightings.lapsed("x", LEASE), Some(seen));
+        stop.cancel();
+        tracking.await.unwrap();
+    }
+
+    /// Issue 53: a store outage longer than the lapse, the node renewing
+    /// as soon as the store answers again, was read as the node's silence:
+    /// the first read after the outage confirmed the record seen before it.
+    #[tokio::test(start_paused = true)]
+    async fn a_store_outage_is_not_read_as_a_nodes_silence() {
+        let store = Arc::new(MemoryRingStore::default());
+        let backups = Backups::new();
+        let stream = backups.open("x", "i1", "t");
+        backups.broke("x", stream);
+        let sightings = Arc::new(Sightings::default());
+        let stop = CancellationToken::new();
+        let tracking = tokio::spawn({
+            let (sightings, backups, store, stop) = (
+                sightings.clone(),
+                backups.clone(),
+                store.clone(),
+                stop.clone(),
+            );
+            async move { sightings.track(&backups, &*store, LEASE, stop).await }
+        });
+        let record = |renewals| LeaseRecord {
+            holder: "x's incarnation".to_owned(),
+            renewals,
+            backup: "t".to_owned(),
+        };
+        let mut seen = None;
+        let mut renew = async |renewals| {
+            let next = record(renewals);
+            assert!(store.swap_lease("x", seen.as_ref(), &next).await.unwrap());
+            seen = Some(next);
+        };
+        for renewals in 0..4 {
+            renew(renewals).await;
+            tokio::time::sleep(LEASE.renew_every()).await;
+        }
+        // Every lease call fails for 8 s, the holder's renewals too.
+        store.cut_off("x", true);
+        for _ in 0..80 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(sightings.lapsed("x", LEASE), None, "seen lapsed in the outage");
+        }
+        store.cut_off("x", false);
+        // The holder's next renewal lands a renewal period later.
+        for _ in 0..LEASE.renew_every().as_millis() / 10 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert_eq!(
+                sightings.lapsed("x", LEASE),
+                None,
+                "a sighting from before the outage judged the lease lapsed"
+            );
+        }
+        renew(4).await;
+        tokio::time::sleep(LEASE.duration / 2).await;
+        assert_eq!(sightings.lapsed("x", LEASE), None, "renewed, seen lapsed");
         stop.cancel();
         tracking.await.unwrap();
     }
