@@ -49,6 +49,22 @@ pub enum Record {
     Channel(ChannelState),
 }
 
+impl Record {
+    /// The newest version it carries (none for a deletion's memory): what
+    /// a bound on versions from another node checks.
+    pub fn newest_version(&self) -> Option<u64> {
+        match self {
+            Record::User(user) => {
+                let rows = user.rows.iter().map(|(state, _)| state.version);
+                let own = [user.version, user.delta_floor, user.clear_below];
+                own.into_iter().chain(rows).max()
+            }
+            Record::Lowered { .. } => None,
+            Record::Channel(channel) => Some(channel.version()),
+        }
+    }
+}
+
 /// A user's change: what [`append_user`] wrote.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UserRecord {

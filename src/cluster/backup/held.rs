@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use metrics::gauge;
 
 use crate::channel_state::ChannelState;
+use crate::clock;
 use crate::journal::record;
 use crate::journal::replay::Collapsing;
 use crate::metrics::{BACKUP_HELD_BYTES, BACKUP_STREAMS};
@@ -280,7 +281,21 @@ fn decode(node: &str, batches: &VecDeque<(u64, Vec<u8>)>) -> Taken {
                 );
                 break;
             };
-            records.into_iter().for_each(|r| collapsing.add(r));
+            // What another node sends is refused past the clock's bound,
+            // as in a handoff: written, such a version would beat every
+            // real change of the user for good (issue 53: a forged stream).
+            for record in records {
+                match record.newest_version().filter(|&v| !clock::issued_by_now(v)) {
+                    None => collapsing.add(record),
+                    Some(version) => tracing::error!(
+                        node,
+                        version,
+                        ahead = ?clock::MAX_AHEAD,
+                        "a held record's version is after this node's clock by more than the \
+                         fleet's skew: no node issued it; it is not written"
+                    ),
+                }
+            }
             at += len;
         }
     }

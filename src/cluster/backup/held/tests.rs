@@ -1,6 +1,7 @@
 //! What a backup holds, fed batches as a sender's journal frames them.
 
 use super::*;
+use crate::clock;
 use crate::read_state::{Key, UserReadStates};
 
 /// A batch of one frame: `user_id` acked `channel_id` to `message_id`.
@@ -118,4 +119,23 @@ fn an_earlier_incarnations_copy_takes_no_batch_once_a_new_start_streams() {
     assert!(late.is_err(), "a broken copy took a batch: {late:?}");
     let taken = backups.take("x", old).expect("the copy is kept");
     assert_eq!(acked(&taken, 7, 10), Some(5));
+}
+
+/// Issue 53, item 2: a forged stream's frame at version 2^62 was written
+/// by the takeover (or the write ahead), and beat every later change of
+/// the user for good. A version past the clock's bound is not taken; the
+/// rest of the copy is.
+#[test]
+fn a_version_from_after_the_clock_is_not_taken_from_a_copy() {
+    let backups = Backups::default();
+    let stream = backups.open("n1", "i1", "t");
+    let now = clock::now_micros();
+    backups.batch("n1", stream, ack(1, 10, 5, now), 10).unwrap();
+    backups.batch("n1", stream, ack(2, 10, 7, 1 << 62), 20).unwrap();
+    let ahead = now + clock::MAX_AHEAD.as_micros() as u64 + 10_000_000;
+    backups.batch("n1", stream, ack(3, 10, 9, ahead), 30).unwrap();
+    let taken = backups.copy("n1", stream).expect("held");
+    assert_eq!(acked(&taken, 1, 10), Some(5));
+    assert_eq!(acked(&taken, 2, 10), None, "a forged version taken");
+    assert_eq!(acked(&taken, 3, 10), None, "a version past the bound taken");
 }
