@@ -9,11 +9,12 @@
 //! durable up to where it was when its change was made
 //! ([`Journal::durable`]). The trimmer ([`Trimmer`]) deletes the sealed
 //! segments whose every change the store holds. At start, [`replay`] reads
-//! what a crash left. A fleet node also hands each batch to a [`Replica`]
-//! on another node (its backup, see `docs/failover.md`), and a change
-//! waits for both.
+//! what a crash left, once [`lock`] has the directory to itself. A fleet
+//! node also hands each batch to a [`Replica`] on another node (its backup,
+//! see `docs/failover.md`), and a change waits for both.
 
 pub mod disk;
+pub mod lock;
 pub mod record;
 pub mod replay;
 mod writer;
@@ -30,6 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use disk::Disk;
+pub use lock::DirLock;
 pub use replay::Replayed;
 
 /// When a change is answered relative to its sync.
@@ -128,6 +130,13 @@ pub enum JournalError {
         offset: u64,
         why: String,
     },
+    /// Another process (or another open in this one) journals into the
+    /// directory: see [`lock`].
+    #[error(
+        "journal directory {} is locked by another process ({holder}): is this node running twice?",
+        .dir.display()
+    )]
+    Locked { dir: PathBuf, holder: String },
     /// The change could not be made durable: a write or sync failed, or
     /// the journal is failing.
     #[error("the journal on this node's disk is failing ({0})")]
@@ -179,6 +188,8 @@ pub struct Journal {
     mode: JournalMode,
     shared: Arc<Shared>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The directory's lock, from open until closed or dropped.
+    lock: Mutex<Option<DirLock>>,
 }
 
 /// What the appenders, the writer and the trimmer share.
@@ -219,13 +230,16 @@ struct Sealed {
 }
 
 impl Journal {
-    /// Reads what `config.dir` holds ([`replay::read_dir`]), then starts the
+    /// Locks `config.dir` ([`DirLock`]: it fails if another process has
+    /// it), reads what it holds ([`replay::read_dir`]), then starts the
     /// writer on a new segment after them. The segments read stay until the
     /// trimmer finds their changes written.
     pub fn open(
         config: JournalConfig,
         disk: Arc<dyn Disk>,
     ) -> Result<(Journal, Replayed), JournalError> {
+        // Before reading: the segments of a live process are not ours.
+        let lock = DirLock::acquire(&config.dir)?;
         let replayed = replay::read_dir(&config.dir, config.skip_corrupt)?;
         // Start at 1: the segments replayed hold what was appended up to 0.
         let start = 1;
@@ -266,6 +280,7 @@ impl Journal {
                 mode: shared.config.mode,
                 shared,
                 writer: Mutex::new(Some(writer)),
+                lock: Mutex::new(Some(lock)),
             },
             replayed,
         ))
@@ -390,9 +405,27 @@ impl Journal {
         self.shared.healthy.load(Ordering::Acquire)
     }
 
+    /// Whether this journal still holds its directory's lock: from open
+    /// until [`Journal::close`]. While it does, no other process has the
+    /// directory, so none that had it before (an earlier start of this
+    /// node on this machine) still journals there.
+    pub fn holds_lock(&self) -> bool {
+        self.lock_dir().is_some()
+    }
+
+    fn lock_dir(&self) -> MutexGuard<'_, Option<DirLock>> {
+        self.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Deletes the sealed segments that hold nothing appended after
     /// `through`. Returns how many.
     fn remove_through(&self, through: u64) -> usize {
+        // Held throughout: once closed, the directory may be another's
+        // (the next start's), whose replay these segments are.
+        let held = self.lock_dir();
+        if held.is_none() {
+            return 0;
+        }
         let removable: Vec<Sealed> = {
             let sealed = self.shared.lock_sealed();
             sealed
@@ -422,7 +455,7 @@ impl Journal {
 
     /// Stops the writer once it has written what was appended. With
     /// `written` (the store holds every change), deletes every segment:
-    /// the next start has nothing to replay.
+    /// the next start has nothing to replay. Then lets go of the directory.
     pub fn close(&self, written: bool) {
         self.shared.lock_appending().stop = true;
         self.shared.appended_more.notify_one();
@@ -433,6 +466,8 @@ impl Journal {
         if written {
             self.remove_through(u64::MAX);
         }
+        // Last: nothing touches the directory from here on.
+        self.lock_dir().take();
     }
 
     /// Sealed segments (for the metrics and tests).

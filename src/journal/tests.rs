@@ -192,6 +192,41 @@ async fn interval_mode_answers_at_once_and_syncs_within_the_interval() {
     journal.close(false);
 }
 
+/// Issue 53: a second process on a live node's journal replayed, wrote and
+/// deleted the live one's segments. Two opens in one process conflict as
+/// two processes do (the lock is the open file's, not the process's).
+#[test]
+fn a_second_open_of_a_journal_directory_fails_naming_the_holder_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = open(config(dir.path()), Arc::new(Fs));
+    append_one(&first, 1);
+
+    let error = Journal::open(config(dir.path()), Arc::new(Fs))
+        .map(|_| ())
+        .expect_err("a second open of a held directory");
+    let message = error.to_string();
+    let holder = format!("pid {} on host ", std::process::id());
+    assert!(
+        message.contains(&format!(
+            "journal directory {} is locked by another process",
+            dir.path().display()
+        )) && message.contains(&holder)
+            && message.contains(", started ")
+            && message.ends_with("is this node running twice?"),
+        "{message}"
+    );
+
+    // Closed (the end of a shutdown, or a crash in the simulations): the
+    // directory is free at once, and what the first journaled is there.
+    first.close(false);
+    let (second, replayed) = open(config(dir.path()), Arc::new(Fs));
+    assert_eq!(replayed.records, 1);
+    drop(second);
+    // Dropped (a process's end) frees it too.
+    let (third, _) = open(config(dir.path()), Arc::new(Fs));
+    third.close(false);
+}
+
 #[test]
 fn modes_read_as_written() {
     for (text, mode) in [
@@ -268,8 +303,18 @@ async fn crashed_after_one_ack(dir: &Path) -> Arc<dyn Store> {
     memory
 }
 
+/// The segment files in `dir`, oldest first (not the lock file).
+fn segment_paths(dir: &Path) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = (std::fs::read_dir(dir).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == replay::EXTENSION))
+        .collect();
+    paths.sort_unstable();
+    paths
+}
+
 fn segment_files(dir: &Path) -> usize {
-    std::fs::read_dir(dir).unwrap().count()
+    segment_paths(dir).len()
 }
 
 #[tokio::test]
@@ -483,19 +528,16 @@ fn the_entries_of_a_group_are_one_frame_kept_or_cut_whole() {
     }
     append_one(&journal, 4);
     journal.close(false);
-    let segment = std::fs::read_dir(dir.path())
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
-    let bytes = std::fs::read(&segment).unwrap();
+    let [segment] = &segment_paths(dir.path())[..] else {
+        panic!("one segment");
+    };
+    let bytes = std::fs::read(segment).unwrap();
     let (group, len) = record::read(&bytes[replay::MAGIC.len()..]).expect("a frame");
     assert_eq!(group.len(), 3, "one frame for the group");
     let (alone, _) = record::read(&bytes[replay::MAGIC.len() + len..]).expect("a frame");
     assert_eq!(alone.len(), 1);
     // Cut inside the group's frame: none of it is replayed.
-    std::fs::write(&segment, &bytes[..replay::MAGIC.len() + len - 1]).unwrap();
+    std::fs::write(segment, &bytes[..replay::MAGIC.len() + len - 1]).unwrap();
     let (_, replayed) = Journal::open(config(dir.path()), Arc::new(Fs)).unwrap();
     assert_eq!(replayed.records, 0, "a part of a group was kept");
 }

@@ -94,9 +94,14 @@ impl EmbeddedStore {
                 .open(&path)
                 .map_err(|e| failed(&e))?;
             let backend = FileBackend::new(file).map_err(|e| failed(&e))?;
-            let db = redb::Builder::new()
-                .create_with_backend(wrap(backend))
-                .map_err(|e| failed(&e))?;
+            let db = (redb::Builder::new().create_with_backend(wrap(backend))).map_err(|e| match e {
+                // redb's lock on the file: a second node on this data
+                // directory, or (briefly) this store's own earlier open.
+                redb::DatabaseError::DatabaseAlreadyOpen => failed(
+                    &"it is open in another process (or another open in this one): is this node running twice?",
+                ),
+                e => failed(&e),
+            })?;
             // Create the tables up front so that reads never find them missing.
             let created = (|| -> Result<(), Failure> {
                 let txn = db.begin_write()?;

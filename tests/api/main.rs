@@ -18,6 +18,7 @@ mod journal;
 mod lease;
 mod message_created;
 mod message_deleted;
+mod one_process_per_directory;
 mod operations;
 mod peer_streams;
 mod raw_h2;

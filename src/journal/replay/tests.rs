@@ -30,9 +30,9 @@ fn journal_acks(dir: &Path, acks: &[u64], others: u64) {
 }
 
 fn only_segment(dir: &Path) -> PathBuf {
-    let files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap()
+    let files: Vec<PathBuf> = (std::fs::read_dir(dir).unwrap())
         .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == EXTENSION))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     files[0].clone()

@@ -1,0 +1,154 @@
+//! The journal directory's lock: one process at a time journals into a
+//! directory, as PostgreSQL's `postmaster.pid` keeps one server on a data
+//! directory.
+//!
+//! A second process on a live node's directory (a compose file run twice,
+//! one `--node-id` on a shared volume) replayed the live one's segments,
+//! wrote them and deleted them, the open one included (issue 53). So the
+//! journal takes an exclusive `flock` on [`LOCK_FILE`] in its directory
+//! before it reads anything, and writes who holds it into the file for the
+//! next one to name. The kernel drops the lock with the process, however it
+//! ends (kill -9 too): a restart in place takes it at once. A held
+//! [`DirLock`] therefore also says that no earlier process of this node on
+//! this machine still has the journal open.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use super::JournalError;
+
+/// The lock file, in the journal's directory. Never deleted: a process
+/// that unlinked it on its way out could leave the next two each holding a
+/// lock, one on the unlinked file and one on a new one.
+pub const LOCK_FILE: &str = "readstates.lock";
+
+/// An exclusive lock on a journal directory, held until dropped.
+#[derive(Debug)]
+pub struct DirLock {
+    dir: PathBuf,
+    holder: Holder,
+    /// The lock is this open file's (its open file description's): closing
+    /// it releases the lock.
+    _file: File,
+}
+
+/// Who holds a directory: written into [`LOCK_FILE`] once locked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: u32,
+    pub host: String,
+    /// When it took the lock (RFC 3339), which is during its start.
+    pub started: String,
+}
+
+impl DirLock {
+    /// Locks `dir` (made if missing) or fails at once with
+    /// [`JournalError::Locked`], naming the holder.
+    pub fn acquire(dir: &Path) -> Result<DirLock, JournalError> {
+        std::fs::create_dir_all(dir).map_err(|e| JournalError::io(dir, &e))?;
+        let path = dir.join(LOCK_FILE);
+        // Not truncated on open: until it is ours, it names the holder.
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| JournalError::io(&path, &e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                let mut written = String::new();
+                // Empty if the holder has locked but not written yet.
+                let _ = file.read_to_string(&mut written);
+                let holder = Holder::parse(&written)
+                    .map_or_else(|| "which did not say who it is".into(), |h| h.to_string());
+                return Err(JournalError::Locked {
+                    dir: dir.to_owned(),
+                    holder,
+                });
+            }
+            // A file system without locks (some network ones): refused
+            // rather than run unguarded.
+            Err(TryLockError::Error(e)) => return Err(JournalError::io(&path, &e)),
+        }
+        let holder = Holder::this_process();
+        // Only what the next one reads in its error: not synced, since a
+        // crash frees the lock anyway.
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| file.write_all(holder.encode().as_bytes()))
+            .map_err(|e| JournalError::io(&path, &e))?;
+        Ok(DirLock {
+            dir: dir.to_owned(),
+            holder,
+            _file: file,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// This process, as written into the lock file.
+    pub fn holder(&self) -> &Holder {
+        &self.holder
+    }
+}
+
+impl Holder {
+    fn this_process() -> Holder {
+        Holder {
+            pid: std::process::id(),
+            host: hostname(),
+            started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        }
+    }
+
+    /// One `key value` line each.
+    fn encode(&self) -> String {
+        format!(
+            "pid {}\nhost {}\nstarted {}\n",
+            self.pid, self.host, self.started
+        )
+    }
+
+    fn parse(text: &str) -> Option<Holder> {
+        let value = |key: &str| {
+            (text.lines())
+                .find_map(|line| line.strip_prefix(key)?.strip_prefix(' '))
+                .map(str::to_owned)
+        };
+        Some(Holder {
+            pid: value("pid")?.parse().ok()?,
+            host: value("host")?,
+            started: value("started")?,
+        })
+    }
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pid {} on host {}, started {}",
+            self.pid, self.host, self.started
+        )
+    }
+}
+
+/// The kernel's name for this host (what `hostname` prints; a container's
+/// own unless it shares the host's).
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,60 @@
+//! The directory lock: exclusive per open file, naming its holder.
+
+use super::*;
+
+#[test]
+fn two_locks_of_one_directory_in_one_process_conflict_and_the_second_names_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = DirLock::acquire(dir.path()).expect("a free directory");
+    assert_eq!(first.holder().pid, std::process::id());
+    assert_eq!(first.dir(), dir.path());
+
+    let error = DirLock::acquire(dir.path()).expect_err("held by the first");
+    let JournalError::Locked {
+        dir: locked,
+        holder,
+    } = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!(locked, dir.path());
+    assert_eq!(holder, &first.holder().to_string());
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "journal directory {} is locked by another process ({}): is this node running twice?",
+            dir.path().display(),
+            first.holder()
+        )
+    );
+
+    drop(first);
+    let second = DirLock::acquire(dir.path()).expect("free once the first is dropped");
+    let written = std::fs::read_to_string(dir.path().join(LOCK_FILE)).unwrap();
+    assert_eq!(Holder::parse(&written).as_ref(), Some(second.holder()));
+}
+
+#[test]
+fn a_holder_that_has_not_written_yet_is_still_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // Another opener's lock, taken and not yet written.
+    let other = File::create(dir.path().join(LOCK_FILE)).unwrap();
+    other.try_lock().unwrap();
+
+    let error = DirLock::acquire(dir.path()).expect_err("held");
+    assert!(
+        error.to_string().contains("(which did not say who it is)"),
+        "{error}"
+    );
+    drop(other);
+    DirLock::acquire(dir.path()).expect("free");
+}
+
+#[test]
+fn a_missing_directory_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("a").join("journal");
+    let lock = DirLock::acquire(&journal).expect("made and locked");
+    assert!(journal.join(LOCK_FILE).is_file());
+    assert!(!lock.holder().host.is_empty());
+}
