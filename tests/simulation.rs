@@ -1210,6 +1210,14 @@ impl SegmentFile for SyncedFile {
         }
         Ok(())
     }
+
+    /// Only after a failed write (which this disk never makes), back to
+    /// the last sync.
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        self.inner.truncate(len)?;
+        self.written = len;
+        Ok(())
+    }
 }
 
 /// One seed: `LIFETIMES` lifetimes on one store.

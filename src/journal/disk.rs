@@ -20,6 +20,9 @@ pub trait SegmentFile: Send + std::fmt::Debug {
 
     /// Makes what was written durable (`fdatasync`).
     fn sync(&mut self) -> io::Result<()>;
+
+    /// Cuts the file back to `len` bytes, durably.
+    fn truncate(&mut self, len: u64) -> io::Result<()>;
 }
 
 /// The real file system.
@@ -49,6 +52,12 @@ impl SegmentFile for FsFile {
     }
 
     fn sync(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+
+    fn truncate(&mut self, len: u64) -> io::Result<()> {
+        // `fdatasync` covers the size: it is needed to read the data back.
+        self.0.set_len(len)?;
         self.0.sync_data()
     }
 }
@@ -153,6 +162,16 @@ pub mod faulty {
             self.inner.sync()?;
             self.faults.syncs.fetch_add(1, Ordering::SeqCst);
             Ok(())
+        }
+
+        /// A full disk still shrinks a file; a failing sync fails this
+        /// too, leaving the file as it was.
+        fn truncate(&mut self, len: u64) -> io::Result<()> {
+            self.faults.wait_released();
+            if self.faults.failing_syncs.load(Ordering::SeqCst) {
+                return Err(io::Error::other("fsync failed (injected)"));
+            }
+            self.inner.truncate(len)
         }
     }
 }

@@ -171,6 +171,50 @@ async fn a_failing_sync_fails_the_waiting_changes_and_loses_nothing_journaled() 
     a_failing_disk(|faults, on| faults.failing_syncs.store(on, Ordering::SeqCst)).await;
 }
 
+/// Issue 53: replay takes damage at the end of any segment but the newest
+/// for corruption, so a write that failed (a full disk takes half of it)
+/// must not leave its half in the segment it seals: that segment is cut
+/// back to its last sync, and the batch goes whole to the next one.
+#[tokio::test]
+async fn a_segment_whose_write_failed_is_cut_back_to_its_last_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    let (journal, _) = open(config(dir.path()), disk);
+    append_one(&journal, 1);
+    journal
+        .durable(journal.appended())
+        .await
+        .expect("a good disk");
+    let [first] = &segment_paths(dir.path())[..] else {
+        panic!("one segment");
+    };
+    let synced = std::fs::metadata(first).unwrap().len();
+
+    faults.full.store(true, Ordering::SeqCst);
+    append_one(&journal, 2);
+    let failed = journal.durable(journal.appended()).await;
+    assert!(failed.is_err(), "{failed:?}");
+    faults.full.store(false, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !journal.healthy() {
+        assert!(std::time::Instant::now() < deadline, "never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    journal.close(false);
+
+    assert_eq!(
+        std::fs::metadata(first).unwrap().len(),
+        synced,
+        "the failed write's half left in the sealed segment"
+    );
+    let replayed = replay::read_dir(dir.path(), false).expect("reads back");
+    assert_eq!((replayed.torn_bytes, replayed.skipped_bytes), (0, 0));
+    let mut users: Vec<u64> = replayed.users.keys().copied().collect();
+    users.sort_unstable();
+    assert_eq!(users, [1, 2], "the failed batch written again");
+}
+
 #[tokio::test]
 async fn interval_mode_answers_at_once_and_syncs_within_the_interval() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,6 +4,11 @@
 //! the requests waiting on that batch, marks the journal unhealthy (changes
 //! are refused) and is tried again on a new segment, batch included, until
 //! the disk takes it.
+//!
+//! Replay takes damage anywhere but in the newest segment for corruption
+//! (see [`super::replay`]), so a new segment is made only once every older
+//! one is whole and synced: a segment is sealed after its last batch's sync,
+//! and one whose write or sync failed is first cut back to its last sync.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -24,6 +29,8 @@ struct Segment {
     path: PathBuf,
     opened: Instant,
     bytes: u64,
+    /// Bytes made durable by its last sync (0: none yet).
+    synced: u64,
     /// The end of what was appended when its last batch was taken.
     end: u64,
 }
@@ -82,10 +89,11 @@ pub(super) fn run(shared: &Shared, first_number: u64) {
                     d.failed = Some((d.synced, end, error.to_string()));
                 });
                 // What the failed file holds past its last sync is in
-                // doubt: it is sealed as it is, and the batch goes to the
-                // next one whole.
+                // doubt: it is cut back to it and sealed, and the batch
+                // goes to the next one whole.
                 if let Some(segment) = &mut current {
                     segment.end = end;
+                    cut_back(segment);
                 }
                 seal(shared, &mut current);
                 retained = bytes;
@@ -167,21 +175,46 @@ fn write(
     if current.is_none() {
         let path = config.dir.join(format!("{:020}.{EXTENSION}", *number));
         *number += 1;
-        let mut file = shared.disk.create(&path)?;
-        file.write_all(MAGIC)?;
+        let file = shared.disk.create(&path)?;
+        // Current before its first write, so that a failed one is cut too.
         *current = Some(Segment {
             file,
             path,
             opened: Instant::now(),
-            bytes: MAGIC.len() as u64,
+            bytes: 0,
+            synced: 0,
             end,
         });
     }
     let segment = current.as_mut().expect("opened above");
     segment.end = end;
+    if segment.bytes == 0 {
+        segment.file.write_all(MAGIC)?;
+        segment.bytes = MAGIC.len() as u64;
+    }
     segment.file.write_all(bytes)?;
     segment.bytes += bytes.len() as u64;
-    segment.file.sync()
+    segment.file.sync()?;
+    segment.synced = segment.bytes;
+    Ok(())
+}
+
+/// Cuts a segment whose write or sync failed back to its last sync: past
+/// it lies part of a batch (a full disk takes part of a write) or bytes a
+/// failed sync left in doubt, and that batch goes whole to the next
+/// segment. Left there, it would read as corruption once a newer segment
+/// exists. Nothing synced yet: cut to nothing, which replay skips.
+fn cut_back(segment: &mut Segment) {
+    if let Err(error) = segment.file.truncate(segment.synced) {
+        tracing::error!(
+            file = %segment.path.display(),
+            offset = segment.synced,
+            %error,
+            "journal: a segment whose write failed could not be cut back to its last sync; \
+             a start before it is trimmed stops there as corrupt, and --journal-skip-corrupt \
+             then loses nothing (what lies past it was written again to the next segment)"
+        );
+    }
 }
 
 /// Moves the current segment to the sealed ones, for the trimmer.
