@@ -1,6 +1,16 @@
 //! Reading a journal back at start: every segment, in order, collapsed to
 //! one write per user and one state per channel (the higher version wins,
 //! row by row), with a torn tail dropped and corruption named.
+//!
+//! Only the newest segment (by number) can end torn: the crash came while
+//! it was written. The writer makes a segment only once every older one is
+//! synced whole (it seals one after its last batch's sync, and cuts one
+//! whose write failed back to its last sync), so an older one that ends in
+//! a record that does not read was damaged after it was written: corrupt,
+//! as a bad record anywhere else is (issue 53: a flipped bit there was
+//! dropped as a torn tail, with the acknowledged change in it). A newest
+//! segment left empty by a crash during a rotation does not change that:
+//! the one before it was sealed whole.
 
 use std::collections::HashMap;
 use std::fs::OpenOptions;
@@ -57,8 +67,9 @@ pub fn read_dir(dir: &Path, skip_corrupt: bool) -> Result<Replayed, JournalError
         next_segment: numbered.last().map_or(1, |(n, _)| n + 1),
         ..Replayed::default()
     };
-    for (_, path) in &numbered {
-        read_segment(path, skip_corrupt, &mut collapsing, &mut replayed)?;
+    for (i, (_, path)) in numbered.iter().enumerate() {
+        let newest = i + 1 == numbered.len();
+        read_segment(path, newest, skip_corrupt, &mut collapsing, &mut replayed)?;
     }
     replayed.segments = numbered.into_iter().map(|(_, path)| path).collect();
     (replayed.users, replayed.channels) = collapsing.into_parts();
@@ -67,14 +78,15 @@ pub fn read_dir(dir: &Path, skip_corrupt: bool) -> Result<Replayed, JournalError
 
 fn read_segment(
     path: &Path,
+    newest: bool,
     skip_corrupt: bool,
     into: &mut Collapsing,
     replayed: &mut Replayed,
 ) -> Result<(), JournalError> {
     let bytes = std::fs::read(path).map_err(|e| JournalError::io(path, &e))?;
     if bytes.len() < MAGIC.len() {
-        // Made, but the crash came before its first write: nothing in it
-        // was answered.
+        // Made, but the crash (or a failed write, cut back) came before
+        // its first sync: nothing in it was answered, wherever it is.
         replayed.torn_bytes += bytes.len() as u64;
         return Ok(());
     }
@@ -94,15 +106,30 @@ fn read_segment(
             continue;
         }
         match next_record(&bytes, at) {
-            None => {
+            None if newest => {
                 // A torn tail: the crash came while it was written, and it
-                // was answered only once synced whole. Cut it off, so that
-                // the segment is whole when it is no longer the last.
+                // was answered only once synced whole. Cut it off (durably),
+                // so that the segment is whole when it is no longer the
+                // newest.
                 let torn = (bytes.len() - at) as u64;
                 tracing::warn!(file = %path.display(), offset = at, bytes = torn, "journal: torn tail dropped");
                 replayed.torn_bytes += torn;
-                cut(path, at as u64)?;
+                return cut(path, at as u64);
+            }
+            None if skip_corrupt => {
+                let lost = (bytes.len() - at) as u64;
+                tracing::error!(file = %path.display(), offset = at, bytes = lost, "journal: corrupt bytes at the end of a segment that is not the newest skipped (--journal-skip-corrupt): the changes in them are lost");
+                replayed.skipped_bytes += lost;
                 return Ok(());
+            }
+            None => {
+                return Err(JournalError::Corrupt {
+                    file: path.to_owned(),
+                    offset: at as u64,
+                    why: "a record that does not read at the end of a segment that is not the newest, \
+                          which no crash tears"
+                        .into(),
+                });
             }
             Some(next) if skip_corrupt => {
                 let lost = (next - at) as u64;
@@ -119,6 +146,13 @@ fn read_segment(
             }
         }
     }
+    if newest {
+        // What the crashed process wrote and never synced is read back
+        // whole from the page cache; synced before this start makes a
+        // newer segment, lest a power cut tear it once it is not the
+        // newest.
+        sync(path)?;
+    }
     Ok(())
 }
 
@@ -134,6 +168,12 @@ fn cut(path: &Path, len: u64) -> Result<(), JournalError> {
         .map_err(|e| JournalError::io(path, &e))?;
     file.set_len(len)
         .and_then(|()| file.sync_all())
+        .map_err(|e| JournalError::io(path, &e))
+}
+
+fn sync(path: &Path) -> Result<(), JournalError> {
+    (OpenOptions::new().write(true).open(path))
+        .and_then(|file| file.sync_data())
         .map_err(|e| JournalError::io(path, &e))
 }
 

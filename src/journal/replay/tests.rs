@@ -94,6 +94,117 @@ fn a_torn_tail_is_dropped_and_cut_off() {
     assert_eq!((again.records, again.torn_bytes), (1, 0));
 }
 
+/// The segments of `dir`, oldest first.
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = (std::fs::read_dir(dir).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == EXTENSION))
+        .collect();
+    files.sort_unstable();
+    files
+}
+
+/// Where the last record of `segment` starts.
+fn last_record(segment: &Path) -> usize {
+    let bytes = std::fs::read(segment).unwrap();
+    let mut at = MAGIC.len();
+    let mut last = at;
+    while let Some((_, len)) = record::read(&bytes[at..]) {
+        (last, at) = (at, at + len);
+    }
+    assert_eq!(at, bytes.len(), "whole records");
+    last
+}
+
+/// Flips one bit in the last byte of `segment`: its last record no longer
+/// reads, and nothing after it does.
+fn flip_last_bit(segment: &Path) {
+    let mut bytes = std::fs::read(segment).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(segment, &bytes).unwrap();
+}
+
+/// Issue 53: one flipped bit in the last record of a sealed segment was
+/// dropped as a torn tail, and the acknowledged change with it. Only the
+/// newest segment can be torn by a crash (the writer makes a new one only
+/// after the last is synced whole, and cuts one whose write failed back to
+/// its last sync).
+#[test]
+fn damage_at_the_end_of_a_segment_that_is_not_the_newest_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10, 20], 0);
+    journal_acks(dir.path(), &[], 1);
+    let [sealed, newest] = &segments(dir.path())[..] else {
+        panic!("two segments");
+    };
+    let (whole, offset) = (
+        std::fs::metadata(sealed).unwrap().len(),
+        last_record(sealed),
+    );
+    flip_last_bit(sealed);
+
+    let error = read_dir(dir.path(), false).unwrap_err();
+    let JournalError::Corrupt {
+        file, offset: at, ..
+    } = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!((file, *at), (sealed, offset as u64));
+    assert!(
+        error.to_string().contains("--journal-skip-corrupt"),
+        "{error}"
+    );
+    assert_eq!(std::fs::metadata(sealed).unwrap().len(), whole, "cut");
+
+    let replayed = read_dir(dir.path(), true).unwrap();
+    assert_eq!(acked(&replayed, 1), Some(10), "lost with the skipped bytes");
+    assert_eq!(acked(&replayed, 2), Some(2), "the newer segment is kept");
+    assert_eq!(replayed.skipped_bytes, whole - offset as u64);
+    assert_eq!(replayed.torn_bytes, 0);
+    assert_eq!(replayed.segments, [sealed.clone(), newest.clone()]);
+}
+
+/// A crash during a rotation leaves the newest segment empty (made, never
+/// written); the one before it was synced whole before it was made, so
+/// damage at its end is still corruption.
+#[test]
+fn an_empty_newest_segment_does_not_make_the_one_before_it_torn() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10, 20], 0);
+    let sealed = only_segment(dir.path());
+    let offset = last_record(&sealed);
+    std::fs::write(dir.path().join(format!("{:020}.{EXTENSION}", 2)), b"").unwrap();
+    let replayed = read_dir(dir.path(), false).unwrap();
+    assert_eq!((replayed.records, replayed.torn_bytes), (2, 0));
+
+    flip_last_bit(&sealed);
+    let error = read_dir(dir.path(), false).unwrap_err();
+    assert!(
+        matches!(&error, JournalError::Corrupt { file, offset: at, .. } if (file, *at) == (&sealed, offset as u64)),
+        "{error:?}"
+    );
+}
+
+/// The newest segment's last record damaged reads as a torn tail (nothing
+/// tells the two apart): dropped and cut off, as before.
+#[test]
+fn damage_at_the_end_of_the_newest_segment_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    journal_acks(dir.path(), &[10], 0);
+    journal_acks(dir.path(), &[], 2);
+    let [_, newest] = &segments(dir.path())[..] else {
+        panic!("two segments");
+    };
+    let offset = last_record(newest);
+    flip_last_bit(newest);
+    let replayed = read_dir(dir.path(), false).unwrap();
+    let users = (1..=3).map(|user| acked(&replayed, user));
+    assert_eq!(users.collect::<Vec<_>>(), [Some(10), Some(2), None]);
+    assert!(replayed.torn_bytes > 0);
+    assert_eq!(std::fs::metadata(newest).unwrap().len(), offset as u64);
+}
+
 #[test]
 fn a_corrupt_record_with_good_ones_after_it_stops_the_start_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
