@@ -413,6 +413,24 @@ impl Journal {
         self.lock_dir().is_some()
     }
 
+    /// Names this fleet node's `incarnation` in the directory's lock, for
+    /// the next start to find (see [`DirLock::predecessor`]). Only with
+    /// `sync`: a start trusts that its predecessor answered nothing its
+    /// journal lacks.
+    pub fn record_incarnation(&self, incarnation: &str) -> Result<(), JournalError> {
+        match self.lock_dir().as_mut() {
+            Some(lock) if self.syncs() => lock.record_incarnation(incarnation),
+            _ => Ok(()),
+        }
+    }
+
+    /// The incarnation the last process on this directory recorded, if it
+    /// did: that process is gone (this one holds the lock).
+    pub fn predecessor(&self) -> Option<String> {
+        let held = self.lock_dir();
+        held.as_ref()?.predecessor()?.incarnation.clone()
+    }
+
     fn lock_dir(&self) -> MutexGuard<'_, Option<DirLock>> {
         self.lock.lock().unwrap_or_else(|p| p.into_inner())
     }

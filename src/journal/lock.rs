@@ -11,6 +11,11 @@
 //! ends (kill -9 too): a restart in place takes it at once. A held
 //! [`DirLock`] therefore also says that no earlier process of this node on
 //! this machine still has the journal open.
+//!
+//! A fleet node also writes the incarnation holding its lease (only with
+//! the journal synced before every answer): the next start reads it as its
+//! [`DirLock::predecessor`], gone for certain, whose lease it may take back
+//! at once (`docs/failover.md`, "Restarted in place").
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -29,6 +34,9 @@ pub const LOCK_FILE: &str = "readstates.lock";
 pub struct DirLock {
     dir: PathBuf,
     holder: Holder,
+    /// What the file named when this process took the lock: the last
+    /// process that held it.
+    previous: Option<Holder>,
     /// The lock is this open file's (its open file description's): closing
     /// it releases the lock.
     _file: File,
@@ -41,6 +49,8 @@ pub struct Holder {
     pub host: String,
     /// When it took the lock (RFC 3339), which is during its start.
     pub started: String,
+    /// The fleet node's incarnation (its lease names it), once recorded.
+    pub incarnation: Option<String>,
 }
 
 impl DirLock {
@@ -74,18 +84,44 @@ impl DirLock {
             // rather than run unguarded.
             Err(TryLockError::Error(e)) => return Err(JournalError::io(&path, &e)),
         }
-        let holder = Holder::this_process();
-        // Only what the next one reads in its error: not synced, since a
-        // crash frees the lock anyway.
+        let mut written = String::new();
+        // Unreadable or empty: no predecessor is named.
+        let _ = file.read_to_string(&mut written);
+        let previous = Holder::parse(&written);
+        let lock = DirLock {
+            dir: dir.to_owned(),
+            holder: Holder::this_process(),
+            previous,
+            _file: file,
+        };
+        lock.write()?;
+        Ok(lock)
+    }
+
+    /// Writes who holds it into the file: only what the next one reads (in
+    /// its error, or as its predecessor). Synced, since a restart in place
+    /// trusts the incarnation named.
+    fn write(&self) -> Result<(), JournalError> {
+        let path = self.dir.join(LOCK_FILE);
+        let mut file = &self._file;
         file.set_len(0)
             .and_then(|()| file.rewind())
-            .and_then(|()| file.write_all(holder.encode().as_bytes()))
-            .map_err(|e| JournalError::io(&path, &e))?;
-        Ok(DirLock {
-            dir: dir.to_owned(),
-            holder,
-            _file: file,
-        })
+            .and_then(|()| file.write_all(self.holder.encode().as_bytes()))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| JournalError::io(&path, &e))
+    }
+
+    /// Names `incarnation` as this process's in the file, for the next
+    /// start to find as its predecessor's.
+    pub fn record_incarnation(&mut self, incarnation: &str) -> Result<(), JournalError> {
+        self.holder.incarnation = Some(incarnation.to_owned());
+        self.write()
+    }
+
+    /// The last process that held the directory before this one: gone,
+    /// since the kernel let go of its lock.
+    pub fn predecessor(&self) -> Option<&Holder> {
+        self.previous.as_ref()
     }
 
     pub fn dir(&self) -> &Path {
@@ -104,15 +140,20 @@ impl Holder {
             pid: std::process::id(),
             host: hostname(),
             started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            incarnation: None,
         }
     }
 
     /// One `key value` line each.
     fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "pid {}\nhost {}\nstarted {}\n",
             self.pid, self.host, self.started
-        )
+        );
+        if let Some(incarnation) = &self.incarnation {
+            text.push_str(&format!("incarnation {incarnation}\n"));
+        }
+        text
     }
 
     fn parse(text: &str) -> Option<Holder> {
@@ -125,6 +166,7 @@ impl Holder {
             pid: value("pid")?.parse().ok()?,
             host: value("host")?,
             started: value("started")?,
+            incarnation: value("incarnation"),
         })
     }
 }

@@ -58,3 +58,25 @@ fn a_missing_directory_is_made() {
     assert!(journal.join(LOCK_FILE).is_file());
     assert!(!lock.holder().host.is_empty());
 }
+
+/// A restart in place finds the incarnation its predecessor recorded
+/// (`docs/failover.md`, "Restarted in place"); one that recorded none
+/// names none.
+#[test]
+fn the_next_holder_finds_the_incarnation_its_predecessor_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = DirLock::acquire(dir.path()).unwrap();
+    assert_eq!(first.predecessor(), None, "nobody held it before");
+    first.record_incarnation("0123abcd").unwrap();
+    drop(first);
+    let second = DirLock::acquire(dir.path()).unwrap();
+    let predecessor = second.predecessor().expect("the first is named");
+    assert_eq!(predecessor.incarnation.as_deref(), Some("0123abcd"));
+    assert_eq!(second.holder().incarnation, None);
+    drop(second);
+    let third = DirLock::acquire(dir.path()).unwrap();
+    assert_eq!(
+        third.predecessor().and_then(|p| p.incarnation.clone()),
+        None
+    );
+}
