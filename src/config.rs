@@ -333,6 +333,13 @@ settings! {
     /// for `readstates ring release --force`.
     #[arg(long, env = "READSTATES_BACKUP", num_args = 0..=1, default_missing_value = "true")]
     backup: bool = true;
+    /// The most a node holds, in MiB, of the unwritten changes of the
+    /// nodes it backs up (their journal batches, until their store takes
+    /// them). Past it, a batch is refused: that node answers on its own
+    /// journal alone until its store catches up. Alert
+    /// `ReadstatesBackupNearBudget` at 80 %.
+    #[arg(long, env = "READSTATES_BACKUP_BUDGET_MIB")]
+    backup_budget_mib: u64 = 1024;
     /// A fleet node adds itself to the ring at this weight when it is not
     /// in it, and takes back the weight it had when it drained itself (see
     /// `drain_timeout`). Unset: only `readstates ring` changes the ring.
@@ -422,6 +429,11 @@ impl Config {
             sync_gap: self.journal_sync_gap,
             ..JournalConfig::new(self.journal_dir(), self.journal)
         })
+    }
+
+    /// The most bytes this node holds as the backup of others.
+    pub fn backup_budget(&self) -> usize {
+        usize::try_from(self.backup_budget_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX)
     }
 
     /// Where the journal is (or would be).

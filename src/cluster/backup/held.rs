@@ -17,13 +17,44 @@ use crate::channel_state::ChannelState;
 use crate::clock;
 use crate::journal::record;
 use crate::journal::replay::Collapsing;
-use crate::metrics::{BACKUP_HELD_BYTES, BACKUP_STREAMS};
+use crate::metrics::{BACKUP_BUDGET_BYTES, BACKUP_HELD_BYTES, BACKUP_STREAMS};
 use crate::store::UserWrite;
 
 /// What this node holds for others, by stream.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Backups {
     nodes: Mutex<Nodes>,
+    /// The most bytes held for all senders together (`backup_budget_mib`).
+    budget: usize,
+}
+
+/// `backup_budget_mib`'s default, 1 GiB: at 183 bytes per unwritten read
+/// state (`docs/failover.md`), about 5.8 million of them.
+pub const DEFAULT_BUDGET: usize = 1 << 30;
+
+impl Default for Backups {
+    fn default() -> Backups {
+        Backups::with_budget(DEFAULT_BUDGET)
+    }
+}
+
+/// Why a batch was not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// Its frames do not read, or the copy it is for takes no more.
+    #[error("{0}")]
+    Batch(String),
+    /// It would take what this node holds past its budget.
+    #[error(
+        "this node holds {held} bytes as the backup of others, and {more} more would pass its \
+         budget of {budget} (backup_budget_mib): answer on the journal alone until the store \
+         takes what is held"
+    )]
+    Budget {
+        held: usize,
+        more: usize,
+        budget: usize,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -83,6 +114,15 @@ impl Backups {
         Arc::new(Backups::default())
     }
 
+    /// Holding at most `budget` bytes for all senders together.
+    pub fn with_budget(budget: usize) -> Backups {
+        gauge!(BACKUP_BUDGET_BYTES).set(budget as f64);
+        Backups {
+            nodes: Mutex::default(),
+            budget,
+        }
+    }
+
     /// A stream from `node`'s `incarnation`, named `token` by it, opens.
     /// It replaces what an earlier stream of that incarnation held (the
     /// sender journals all it has unwritten again). An earlier
@@ -117,24 +157,44 @@ impl Backups {
     /// A batch of journal frames, appended by the sender up to `end`.
     /// Returns how far this node holds the sender's batches, or why the
     /// frames do not read.
-    pub fn batch(&self, node: &str, stream: u64, frames: Vec<u8>, end: u64) -> Result<u64, String> {
+    pub fn batch(
+        &self,
+        node: &str,
+        stream: u64,
+        frames: Vec<u8>,
+        end: u64,
+    ) -> Result<u64, Refused> {
         let mut at = 0;
         while at < frames.len() {
             let Some(len) = record::check(&frames[at..]) else {
-                return Err(format!("a frame at offset {at} of a batch does not read"));
+                let why = format!("a frame at offset {at} of a batch does not read");
+                return Err(Refused::Batch(why));
             };
             at += len;
         }
         let mut nodes = self.lock();
+        // Bounded: a sender whose store cannot take its writes would
+        // otherwise grow this node's memory without end. The sender, its
+        // stream broken, answers on its journal alone (`super::mirror`).
+        let held: usize = nodes.copies.values().map(|h| h.bytes).sum();
+        if held + frames.len() > self.budget {
+            return Err(Refused::Budget {
+                held,
+                more: frames.len(),
+                budget: self.budget,
+            });
+        }
         let Some(held) = nodes.get_mut(node, stream) else {
-            return Err("replaced by a newer stream from the same node".into());
+            let why = "replaced by a newer stream from the same node";
+            return Err(Refused::Batch(why.into()));
         };
         // An earlier incarnation's copy, kept broken for its takeover (see
         // `open`), takes in nothing more: its takeover may write it ahead
         // and then say so (found in review: a sender still inside its lease
         // went on answering changes the copy written lacked).
         if held.broken {
-            return Err("a newer start of the node streams: this copy takes no more".into());
+            let why = "a newer start of the node streams: this copy takes no more";
+            return Err(Refused::Batch(why.into()));
         }
         held.bytes += frames.len();
         held.batches.push_back((end, frames));
@@ -285,7 +345,10 @@ fn decode(node: &str, batches: &VecDeque<(u64, Vec<u8>)>) -> Taken {
             // as in a handoff: written, such a version would beat every
             // real change of the user for good (issue 53: a forged stream).
             for record in records {
-                match record.newest_version().filter(|&v| !clock::issued_by_now(v)) {
+                match record
+                    .newest_version()
+                    .filter(|&v| !clock::issued_by_now(v))
+                {
                     None => collapsing.add(record),
                     Some(version) => tracing::error!(
                         node,

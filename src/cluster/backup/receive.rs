@@ -12,7 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use super::FORMAT;
-use super::held::Backups;
+use super::held::{Backups, Refused};
 use crate::proto::mirror_request::Part;
 use crate::proto::{MirrorRequest, MirrorResponse};
 
@@ -89,7 +89,13 @@ where
                     let answer = backups
                         .batch(&node, stream, batch.frames, batch.end)
                         .map(|held| MirrorResponse { held })
-                        .map_err(Status::invalid_argument);
+                        .map_err(|refused| match refused {
+                            Refused::Budget { .. } => {
+                                tracing::warn!(%node, error = %refused, "a backup batch refused");
+                                Status::resource_exhausted(refused.to_string())
+                            }
+                            Refused::Batch(why) => Status::invalid_argument(why),
+                        });
                     let refused = answer.is_err();
                     if answers.send(answer).await.is_err() || refused {
                         backups.broke(&node, stream);
