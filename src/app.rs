@@ -262,8 +262,8 @@ impl Application {
             }),
             _ => None,
         };
-        let backups = Backups::new();
-        let (fleet, follower, copier, ready, lease, backup) =
+        let backups = Arc::new(Backups::with_budget(config.backup_budget()));
+        let (fleet, follower, copier, ready, lease, backup, takes) =
             match (ring_store, &config.node_id, config.fleet_credential()) {
                 (Some(ring_store), Some(node_id), Some(credential)) => {
                     let peers = Arc::new(GrpcPeers::new(tls.clone(), credential));
@@ -290,6 +290,18 @@ impl Application {
                         config.lease(),
                         backup_name.clone(),
                     );
+                    // Restarted in place, it takes its lease back at once
+                    // (`docs/failover.md`); the next start finds this one.
+                    let predecessor = match &journal {
+                        Some(journal) => {
+                            journal.record_incarnation(holder.incarnation())?;
+                            journal.predecessor()
+                        }
+                        None => None,
+                    };
+                    let holder = holder.restarted_in_place(predecessor);
+                    let takes = holder.takes();
+                    let incarnation = holder.incarnation().to_owned();
                     let lease = (lease_stop.clone(), tokio::spawn(holder.run(lease_stop)));
                     // Ready once the ring is read and the lease held: before,
                     // every request would be refused (Kubernetes sends none
@@ -317,7 +329,7 @@ impl Application {
                     let backup_stop = CancellationToken::new();
                     let backed_up = journal.clone().filter(|j| config.backup && j.syncs());
                     let mirror = backed_up.map(|journal| {
-                        Mirror::new(journal, backup_name).run(
+                        Mirror::new(journal, backup_name, incarnation).run(
                             member.clone(),
                             peers.clone(),
                             backup_stop.clone(),
@@ -359,13 +371,15 @@ impl Application {
                         Some(ready),
                         lease,
                         Some(backup),
+                        Some(takes),
                     )
                 }
-                _ => (None, None, None, None, None, None),
+                _ => (None, None, None, None, None, None, None),
             };
         let read_states = ReadStatesServer::new(service).max_decoding_message_size(MAX_BATCH_BYTES);
         let fleet = fleet.map(|router| {
-            let server = FleetServer::new(FleetService::new(router, backups))
+            let service = FleetService::new(router, backups, node_calls.clone());
+            let server = FleetServer::new(service)
                 .max_decoding_message_size(crate::cluster::backup::MAX_MESSAGE);
             InterceptedService::new(server, move |request| node_calls.fleet(request))
         });
@@ -398,15 +412,15 @@ impl Application {
                 )
             }
         };
-        // Once the gRPC port serves: the nodes handing slots over reach it.
-        let joiner = match (&presence, config.join_weight) {
-            (Some(presence), Some(_)) => {
+        // Once the gRPC port serves (the nodes handing slots over reach it),
+        // each time the lease is taken: a node taken out of the ring while
+        // it lived, or while it started again, adds itself back.
+        let joiner = match (&presence, config.join_weight, takes) {
+            (Some(presence), Some(_), Some(takes)) => {
                 let (presence, stop) = (presence.clone(), stop.clone());
-                Some(tokio::spawn(async move {
-                    if let Err(e) = presence.join(&stop).await {
-                        tracing::error!(error = %e, "cannot join the ring; `readstates ring add` it");
-                    }
-                }))
+                Some(tokio::spawn(
+                    async move { presence.keep(takes, &stop).await },
+                ))
             }
             _ => None,
         };

@@ -61,6 +61,10 @@ pub const JOURNAL_HEALTHY: &str = "readstates_journal_healthy";
 pub const JOURNAL_SEGMENTS: &str = "readstates_journal_segments";
 /// Whether this fleet node holds its lease (1) and may serve its slots.
 pub const LEASE_HELD: &str = "readstates_lease_held";
+/// Whether the ring this fleet node follows names it (1); 0: it runs out
+/// of the ring, owns nothing and only forwards (taken over while alive,
+/// or never added: `--join-weight` adds it back once it holds its lease).
+pub const IN_RING: &str = "readstates_in_ring";
 /// Tries to renew or take this node's lease, by `result`: `applied`,
 /// `lost` (revoked or taken by another incarnation), `failed` (no answer).
 pub const LEASE_RENEWALS: &str = "readstates_lease_renewals_total";
@@ -74,6 +78,8 @@ pub const BACKUP_DETACHED: &str = "readstates_backup_detached_total";
 /// written yet, in bytes, and the streams feeding them.
 pub const BACKUP_HELD_BYTES: &str = "readstates_backup_held_bytes";
 pub const BACKUP_STREAMS: &str = "readstates_backup_streams";
+/// The most this node holds as the backup of others (`backup_budget_mib`).
+pub const BACKUP_BUDGET_BYTES: &str = "readstates_backup_budget_bytes";
 /// Dead nodes this node took over as their backup, by `result`.
 pub const TAKEOVERS: &str = "readstates_takeovers_total";
 pub const TLS_HANDSHAKE_FAILURES: &str = "readstates_tls_handshake_failures_total";

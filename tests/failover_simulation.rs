@@ -18,13 +18,21 @@
 //!   its peers and clients still reach it;
 //! - **killed** (kill -9), half the time while slots move (an operator
 //!   changed a weight), and started again a while later: in place, its
-//!   journal replayed; or, when its backup holds the copy its lease names,
-//!   on a new machine, its disk lost.
+//!   journal replayed (it takes its lease back at once, holding the
+//!   journal directory its predecessor held, or, started again after its
+//!   backup began taking it over, waits for the takeover and rejoins); or,
+//!   when its backup holds the copy its lease names, on a new machine, its
+//!   disk lost.
+//!
+//! Or the ring store (Cassandra) **fails every node's calls** for a while,
+//! as when it restarts: no node is taken over for it.
 //!
 //! Usually the fleet heals before the next fault; one time in three the
 //! next comes first (a backup frozen mid-takeover, two nodes down at once),
-//! and at the end the fleet must heal by itself. A node taken over rejoins
-//! once it holds its lease again, as `--join-weight` has it do.
+//! and at the end the fleet must heal by itself: every node back in the
+//! ring, with no ring change made for it. A node taken over rejoins by
+//! itself once it holds its lease again ([`Presence::keep`], what
+//! `--join-weight` runs).
 //!
 //! Clients send acks and messages to the owners by the ring as stored (a
 //! gateway's table), forwarded to the previous owner while a slot is
@@ -68,9 +76,10 @@ use readstates::cluster::backup::mirror::Mirror;
 use readstates::cluster::backup::receive::receive;
 use readstates::cluster::backup::takeover::Takeover;
 use readstates::cluster::handoff::{Handoff, Part};
-use readstates::cluster::lease::{BackupName, Holder, LeaseConfig};
+use readstates::cluster::lease::{BackupName, Holder, LeaseConfig, TAKEOVER_BY};
 use readstates::cluster::member::{Member, MemberConfig};
 use readstates::cluster::peers::{Mirrored, Peers};
+use readstates::cluster::presence::Presence;
 use readstates::cluster::ring_store::memory::MemoryRingStore;
 use readstates::cluster::ring_store::{LeaseRecord, RingRecord, RingStore};
 use readstates::error::Error;
@@ -458,13 +467,31 @@ impl SimNode {
             LeaseConfig::default(),
             backup_name.clone(),
         );
-        let mirror = Mirror::new(journal.clone(), backup_name);
+        // As `app` does: restarted in place, it takes its lease back at once.
+        journal
+            .record_incarnation(holder.incarnation())
+            .expect("the lock records it");
+        let holder = holder.restarted_in_place(journal.predecessor());
+        let mirror = Mirror::new(
+            journal.clone(),
+            backup_name,
+            holder.incarnation().to_owned(),
+        );
         let takeover = Takeover {
             member: member.clone(),
             backups,
             ring_store: reached.clone(),
             store: world.store.clone(),
             lease: LeaseConfig::default(),
+        };
+        // Joins, and joins again once taken over, as `--join-weight` 100.
+        let presence = Presence {
+            ring_store: reached.clone(),
+            node: node(id),
+        };
+        let rejoining = {
+            let (takes, stop) = (holder.takes(), stop.clone());
+            async move { presence.keep(takes, &stop).await }
         };
         let trimming = {
             let (journal, cache, stop) = (journal.clone(), cache.clone(), stop.clone());
@@ -485,6 +512,7 @@ impl SimNode {
                     .instrument(span.clone()),
             ),
             tokio::spawn(takeover.run(stop.clone()).instrument(span.clone())),
+            tokio::spawn(rejoining.instrument(span.clone())),
             tokio::spawn(trimming),
         ];
         Arc::new(SimNode {
@@ -591,6 +619,8 @@ struct Ran {
     refused_on_waking: usize,
     freezes: usize,
     cuts: usize,
+    /// Outages of the ring store for every node at once.
+    outages: usize,
     kills: usize,
     /// Kills while slots moved (a handoff under way).
     kills_mid_handoff: usize,
@@ -825,13 +855,8 @@ async fn simulate(seed: u64) -> Ran {
             .map(|id| Mutex::new(SimNode::start(id, next_seed(), &world)))
             .collect(),
     });
-    for id in NODES {
-        change(&ring, RingChange::Add(node(id))).await;
-    }
-    let epoch = ring.load().await.unwrap().ring.epoch();
-    admin::wait_served(&*ring, epoch, Duration::from_secs(30))
-        .await
-        .expect("the fleet serves");
+    // The nodes join by themselves, as `--join-weight` has them do.
+    healed(&fleet, &ring, false).await;
 
     let ran = Arc::new(Mutex::new(Ran::default()));
     let ledger = Arc::new(Ledger::default());
@@ -864,6 +889,7 @@ async fn simulate(seed: u64) -> Ran {
     // lease and margin half the time.
     let started = tokio::time::Instant::now();
     let (mut freezes, mut cuts, mut kills, mut kills_mid_handoff) = (0, 0, 0, 0);
+    let mut outages = 0;
     let (mut overlapping, mut lost_machines, mut takeovers) = (0, 0, 0);
     let mut was_healed = true;
     while started.elapsed() < CHAOS {
@@ -877,7 +903,7 @@ async fn simulate(seed: u64) -> Ran {
             Duration::from_millis(rng.u64(..4_000))
         };
         let mut lost = false;
-        match rng.u8(..3) {
+        match rng.u8(..4) {
             0 => {
                 freezes += 1;
                 node.reach.frozen.send_replace(true);
@@ -889,6 +915,25 @@ async fn simulate(seed: u64) -> Ran {
                 node.reach.cut.store(true, Ordering::SeqCst);
                 tokio::time::sleep(lasting).await;
                 node.reach.cut.store(false, Ordering::SeqCst);
+            }
+            2 => {
+                // Every node's calls fail: the store's outage, not a node's.
+                outages += 1;
+                let nodes = fleet.all();
+                nodes
+                    .iter()
+                    .for_each(|n| n.reach.cut.store(true, Ordering::SeqCst));
+                tokio::time::sleep(lasting).await;
+                nodes
+                    .iter()
+                    .for_each(|n| n.reach.cut.store(false, Ordering::SeqCst));
+                // Nobody is taken over for it (a takeover under way from
+                // an earlier fault may be).
+                let taken = taken_over_within(&ring, LeaseConfig::default().lapse() * 2).await;
+                assert!(
+                    !was_healed || taken.is_none(),
+                    "{taken:?} taken over for the store's outage of {lasting:?}"
+                );
             }
             _ => {
                 kills += 1;
@@ -1008,6 +1053,7 @@ async fn simulate(seed: u64) -> Ran {
     }
     let mut ran = std::mem::take(&mut *ran.lock().unwrap());
     (ran.freezes, ran.cuts, ran.kills) = (freezes, cuts, kills);
+    ran.outages = outages;
     ran.kills_mid_handoff = kills_mid_handoff;
     (ran.overlapping, ran.lost_machines, ran.takeovers) = (overlapping, lost_machines, takeovers);
     ran.checked = ledger.len();
@@ -1015,14 +1061,15 @@ async fn simulate(seed: u64) -> Ran {
     ran
 }
 
-/// Waits until the fleet is whole again after a fault: the node taken
-/// over (if it was) back in the ring once it holds its lease again (as
-/// `--join-weight` has a node do), every node holding its lease, and,
-/// unless `moving` (the next fault then comes while slots move), the epoch
-/// served.
+/// Waits until the fleet is whole again after a fault, by itself: the
+/// node taken over (if it was) back in the ring once it holds its lease
+/// again (`Presence::keep`), every node in the ring at a weight, holding
+/// its lease, and, unless `moving` (the next fault then comes while slots
+/// move), the epoch served. Returns how many nodes were found out of the
+/// ring meanwhile (taken over).
 async fn healed(fleet: &Fleet, ring: &MemoryRingStore, moving: bool) -> usize {
     let started = tokio::time::Instant::now();
-    let mut added = 0;
+    let mut out = std::collections::BTreeSet::new();
     loop {
         let record = ring.load().await.unwrap();
         let nodes = fleet.all();
@@ -1031,23 +1078,21 @@ async fn healed(fleet: &Fleet, ring: &MemoryRingStore, moving: bool) -> usize {
             .map(|n| n.member.ownership().leased())
             .collect();
         let progress = ring.progress().await.unwrap();
-        let taking = nodes.iter().any(|n| record.ring.node(n.id).is_none());
-        if !taking
-            && leased.iter().all(|&l| l)
-            && (moving || record.waiting_on(&progress).is_empty())
-        {
-            return added;
-        }
-        for (node, &leased) in nodes.iter().zip(&leased) {
-            if leased && record.ring.node(node.id).is_none() {
-                change(ring, RingChange::Add(self::node(node.id))).await;
-                added += 1;
+        let whole = nodes.iter().all(|n| {
+            let weight = record.ring.node(n.id).map(|n| n.weight);
+            if weight.is_none() {
+                out.insert(n.id);
             }
+            weight.is_some_and(|w| w > 0)
+        });
+        if whole && leased.iter().all(|&l| l) && (moving || record.waiting_on(&progress).is_empty())
+        {
+            return out.len();
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
-            "the fleet never healed: leases held {leased:?}, {record:?}, progress {progress:?}, \
-             lease records {:?}",
+            "the fleet never healed by itself: leases held {leased:?}, {record:?}, progress \
+             {progress:?}, lease records {:?}",
             [
                 ring.lease("a").await,
                 ring.lease("b").await,
@@ -1056,6 +1101,21 @@ async fn healed(fleet: &Fleet, ring: &MemoryRingStore, moving: bool) -> usize {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The node whose lease a takeover holds within `within`, if any.
+async fn taken_over_within(ring: &MemoryRingStore, within: Duration) -> Option<&'static str> {
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < within {
+        for id in NODES {
+            let lease = ring.lease(id).await.unwrap();
+            if lease.is_some_and(|l| l.holder.starts_with(TAKEOVER_BY)) {
+                return Some(id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
 }
 
 /// Logs stamped with the simulated clock (the paused one's instant).
@@ -1073,24 +1133,6 @@ fn node(id: &str) -> Node {
         id: id.to_owned(),
         address: address(id),
         weight: 100,
-    }
-}
-
-/// Makes `ring_change` once the previous epoch is served.
-async fn change(ring: &MemoryRingStore, ring_change: RingChange) {
-    let started = tokio::time::Instant::now();
-    loop {
-        match admin::change(ring, ring_change.clone()).await {
-            Ok(_) => return,
-            Err(admin::AdminError::HandoffUnderWay { .. }) => {
-                assert!(
-                    started.elapsed() < Duration::from_secs(60),
-                    "the ring never served {ring_change:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
     }
 }
 
@@ -1115,6 +1157,7 @@ fn no_slot_served_twice_and_no_change_lost_or_counted_twice_through_freezes_cuts
         total.refused_on_waking += ran.refused_on_waking;
         total.freezes += ran.freezes;
         total.cuts += ran.cuts;
+        total.outages += ran.outages;
         total.kills += ran.kills;
         total.kills_mid_handoff += ran.kills_mid_handoff;
         total.lost_machines += ran.lost_machines;
@@ -1133,6 +1176,7 @@ fn no_slot_served_twice_and_no_change_lost_or_counted_twice_through_freezes_cuts
         refused_on_waking,
         freezes,
         cuts,
+        outages,
         kills,
         kills_mid_handoff,
         lost_machines,
@@ -1145,7 +1189,8 @@ fn no_slot_served_twice_and_no_change_lost_or_counted_twice_through_freezes_cuts
     println!(
         "failover simulation: {} seeds, {applied} changes answered ({messages} of them messages counted; {reset} cut by a kill, {refused_dead} refused by a dead node, \
          {unanswered} unanswered in 20 s, {uncertain} messages that may have landed), \
-         {checked} read states checked against the ledger, {freezes} freezes, {cuts} cuts, {kills} kills \
+         {checked} read states checked against the ledger, {freezes} freezes, {cuts} cuts, {outages} store \
+         outages, {kills} kills \
          ({kills_mid_handoff} while slots moved, {lost_machines} losing the machine), \
          {overlapping} before the fleet healed, {takeovers} takeovers, {queued} requests waited in a \
          frozen node's socket ({refused_on_waking} refused when it woke), in {:.1?}",

@@ -91,7 +91,7 @@ pub async fn watch(
     };
     // From when the read returned: the renewal it saw may have been made
     // while it ran, not before it began.
-    let since = Instant::now();
+    let mut since = Instant::now();
     loop {
         // Read first, then judge by the time before the read: a renewal
         // the read missed happened after it began.
@@ -99,6 +99,12 @@ pub async fn watch(
         let now = store.lease(node).await?;
         if now.as_ref() != Some(&first) {
             return Ok(Seen::Live);
+        }
+        // A read slower than a renewal may take: the holder could not
+        // renew through it either, so the time counts from here (a store
+        // outage is not a node's silence; a failed read ends the watch).
+        if before.elapsed() > config.renew_every() {
+            since = Instant::now();
         }
         if before.duration_since(since) >= config.lapse() {
             return Ok(Seen::Lapsed(first));
@@ -201,6 +207,13 @@ pub struct Holder {
     /// The copy an earlier start's lapsed lease named, left a lapse to its
     /// backup already (not again, should the taking be tried again).
     left_to: std::sync::Mutex<String>,
+    /// The incarnation that last held this node's journal directory, which
+    /// this process now holds locked: that process is gone, so a lease it
+    /// holds is taken back at once (see [`Holder::restarted_in_place`]).
+    predecessor: Option<String>,
+    /// Counts the times this process took the lease (not renewals): at
+    /// start, and again after it was revoked.
+    taken: watch::Sender<u64>,
 }
 
 impl Holder {
@@ -217,7 +230,34 @@ impl Holder {
             config,
             backup,
             left_to: std::sync::Mutex::default(),
+            predecessor: None,
+            taken: watch::Sender::new(0),
         }
+    }
+
+    /// This process, as its lease record names it (the backup stream names
+    /// it too).
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
+    /// `predecessor` held this node's journal directory before this
+    /// process, which now holds it locked: the kernel let go of that
+    /// process's lock, so it is gone, and a lease it still holds is taken
+    /// back at once, rather than waited out and left to the backup's
+    /// takeover, which would cost a move out and a rejoin. Safe only while
+    /// the journal is synced before every answer (its replay then holds all
+    /// that process answered) and the lock reaches every machine that
+    /// mounts the directory (`docs/failover.md`, "Restarted in place").
+    pub fn restarted_in_place(mut self, predecessor: Option<String>) -> Holder {
+        self.predecessor = predecessor.filter(|p| !p.is_empty());
+        self
+    }
+
+    /// Bumped each time this process takes the lease (at start, and again
+    /// after a revocation): [`super::presence::Presence::keep`] rejoins then.
+    pub fn takes(&self) -> watch::Receiver<u64> {
+        self.taken.subscribe()
     }
 
     fn node(&self) -> &str {
@@ -255,11 +295,15 @@ impl Holder {
                         .lease(Some(sent + self.config.duration));
                     if held.is_none() {
                         tracing::info!(renewals = record.renewals, "lease taken");
+                        self.taken.send_modify(|taken| *taken += 1);
                     }
                     counter!(LEASE_RENEWALS, "result" => "applied").increment(1);
                     self.backup.applied(&record, request);
                     held = Some(record);
                 }
+                // Not taken: the record changed since it was read (a
+                // takeover took it first, say); looked at again.
+                Ok(None) if held.is_none() => {}
                 Ok(None) => {
                     counter!(LEASE_RENEWALS, "result" => "lost").increment(1);
                     held = tokio::select! {
@@ -328,6 +372,13 @@ impl Holder {
             None => match store.lease(self.node()).await? {
                 None => None,
                 Some(seen) if !seen.held() || seen.holder == self.incarnation => Some(seen),
+                Some(seen) if self.predecessor.as_deref() == Some(seen.holder.as_str()) => {
+                    tracing::info!(
+                        "the lease is held by the earlier start of this node, whose journal this one \
+                         holds locked: that process is gone, so the lease is taken back at once"
+                    );
+                    Some(seen)
+                }
                 Some(_) => {
                     loop {
                         tracing::info!(within = ?self.config.lapse(), "the lease is held by an earlier start of this node; waiting it out");
@@ -362,9 +413,12 @@ impl Holder {
                                         }
                                     }
                                 }
-                                _ => tracing::error!(
+                                Some(r) if r.held() => tracing::error!(
+                                    holder = %r.holder,
                                     "another process renews this node's lease: is this node id running twice?"
                                 ),
+                                // Revoked by a takeover about to hold it.
+                                _ => tracing::debug!("the earlier start's lease was revoked"),
                             },
                         }
                     }
@@ -432,8 +486,9 @@ impl Holder {
             Err(e) => tracing::warn!(error = %e, "cannot read the lease"),
         }
         self.member.ownership().lease(Some(Instant::now()));
-        tracing::error!(
-            "the lease was revoked: serving nothing until this node has adopted the ring as it is now"
+        tracing::warn!(
+            "the lease was revoked (a takeover, or an operator's --force): serving nothing until \
+             this node has adopted the ring as it is now; with --join-weight it then rejoins"
         );
         // Never taken again before the ring as it is now is adopted, and
         // its releases done: until then the slots it lost read as its own.
@@ -457,7 +512,7 @@ fn names_a_copy(record: &LeaseRecord) -> bool {
 }
 
 /// A random id for this process (a lease names the incarnation holding it).
-pub(crate) fn incarnation() -> String {
+pub fn incarnation() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u32(std::process::id());

@@ -34,6 +34,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use metrics::gauge;
 use readstates_routing::{SLOTS, Slot};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -42,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 use super::peers::Peers;
 use super::ring_store::{RingRecord, RingStore};
 use crate::cache::Cache;
+use crate::metrics::IN_RING;
 use crate::ownership::{Ownership, SlotState};
 use receive::HandedIn;
 
@@ -134,6 +136,11 @@ impl Member {
         self.inner.cache.ownership()
     }
 
+    /// Where the ring and the leases are kept.
+    pub fn ring_store(&self) -> &Arc<dyn RingStore> {
+        &self.inner.ring_store
+    }
+
     /// How this node calls the others.
     pub fn peers(&self) -> &Arc<dyn Peers> {
         &self.inner.peers
@@ -198,6 +205,7 @@ impl Member {
 
     async fn follow(self, stop: CancellationToken) {
         let mut reported = 0;
+        let mut in_ring = None;
         loop {
             match self.inner.ring_store.load().await {
                 Ok(record) if record.ring.epoch() > self.ring().ring.epoch() => {
@@ -211,6 +219,7 @@ impl Member {
                 }
                 Err(e) => tracing::warn!(error = %e, "cannot read the ring"),
             }
+            self.say_whether_in_ring(&mut in_ring);
             let epoch = self.ring().ring.epoch();
             if reported < epoch && self.serves_all() {
                 match self.inner.ring_store.report(&self.inner.id, epoch).await {
@@ -227,6 +236,34 @@ impl Member {
                 () = stop.cancelled() => return,
             }
         }
+    }
+
+    /// Says (a gauge, and a warning when it starts) whether the ring
+    /// adopted names this node: out of it, the node only forwards.
+    fn say_whether_in_ring(&self, said: &mut Option<bool>) {
+        let record = self.ring();
+        if record.ring.epoch() == 0 {
+            return;
+        }
+        let in_ring = record.ring.node(&self.inner.id).is_some();
+        if *said == Some(in_ring) {
+            return;
+        }
+        gauge!(IN_RING).set(if in_ring { 1.0 } else { 0.0 });
+        let epoch = record.ring.epoch();
+        match (*said, in_ring) {
+            (Some(true), false) => tracing::warn!(
+                epoch,
+                "this node was taken out of the ring: it owns no slot and only forwards; \
+                 with --join-weight it adds itself back once it holds its lease, \
+                 otherwise `readstates ring add` it"
+            ),
+            // A new node before it joins, or one started again after it
+            // was taken over (`readstates_in_ring` says so if it stays out).
+            (None, false) => tracing::info!(epoch, "this node is not in the ring yet"),
+            _ => {}
+        }
+        *said = Some(in_ring);
     }
 
     /// Whether every slot this node owns in the adopted epoch is served.

@@ -1,7 +1,8 @@
 //! This node's place in the ring, kept by the node itself: it joins at a
 //! weight when it is not in the ring, drains itself on stop (its weight to
 //! 0, its slots handed to the others warm), and takes back the weight it
-//! drained from when it starts again. Changes go through [`admin::change`]
+//! drained from when it starts again, or when it was taken out of the ring
+//! while it lived ([`Presence::keep`]). Changes go through [`admin::change`]
 //! like an operator's, so they stay one at a time: a node whose change is
 //! refused because another is still being handed over waits its turn
 //! (logged, and counted in `readstates_ring_change_waits_total`).
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use metrics::counter;
 use readstates_routing::Node;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +63,40 @@ impl Presence {
                 self.ring_store.set_drained_weight(id, None).await?;
                 tracing::info!(epoch, "joined the ring");
                 return Ok(Some(epoch));
+            }
+        }
+    }
+
+    /// Joins each time this process takes its lease (`takes` counts them):
+    /// at start, and again after a takeover revoked it, whether the node
+    /// lived through it (its store cut off, or frozen) or was started again
+    /// while it was taken over. Either way the takeover's epoch removed
+    /// the node, and the lease is taken only once that ring is adopted, so
+    /// the join finds it out and adds it back, warm like any join. An
+    /// operator's plain `ring remove` leaves the lease alone, so a node
+    /// being retired is not added back. Until `stop`.
+    pub async fn keep(&self, mut takes: watch::Receiver<u64>, stop: &CancellationToken) {
+        loop {
+            tokio::select! {
+                changed = takes.changed() => if changed.is_err() { return },
+                () = stop.cancelled() => return,
+            }
+            // A ring store that fails now is tried again, not given up.
+            loop {
+                match self.join(stop).await {
+                    Ok(_) => break,
+                    Err(AdminError::Store(e)) => {
+                        tracing::warn!(error = %e, "cannot join the ring yet; trying again");
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot join the ring; `readstates ring add` it");
+                        break;
+                    }
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(TURN_POLL * 2) => {}
+                    () = stop.cancelled() => return,
+                }
             }
         }
     }
@@ -274,5 +310,50 @@ mod tests {
         serve(&ring).await;
         assert_eq!(alone.join(&stop).await.unwrap(), None, "at 0 by choice");
         assert_eq!(weight(&ring.load().await.unwrap(), "n1"), Some(0));
+    }
+
+    /// Issue 53: `--join-weight` joined once, at start. A node its backup
+    /// took over (alive through a store outage, or started again during
+    /// the takeover) then held its lease out of the ring for good. Now it
+    /// joins each time it takes its lease; an operator's plain removal,
+    /// which leaves the lease alone, is not undone.
+    #[tokio::test(start_paused = true)]
+    async fn a_node_taken_out_of_the_ring_joins_again_when_it_takes_its_lease() {
+        let ring = Arc::new(MemoryRingStore::default());
+        let stop = CancellationToken::new();
+        presence(&ring, "b", 100).join(&stop).await.unwrap();
+        serve(&ring).await;
+        let a = presence(&ring, "a", 100);
+        let (taken, takes) = watch::channel(0);
+        let keeping = tokio::spawn({
+            let (a, stop) = (a.clone(), stop.clone());
+            async move { a.keep(takes, &stop).await }
+        });
+        taken.send_modify(|n| *n += 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(weight(&ring.load().await.unwrap(), "a"), Some(100));
+        serve(&ring).await;
+
+        // A takeover's epoch removes it; its lease is taken again once that
+        // ring is adopted.
+        let remove = RingChange::Remove { node: "a".into() };
+        admin::change(&*ring, remove.clone()).await.unwrap();
+        serve(&ring).await;
+        taken.send_modify(|n| *n += 1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            weight(&ring.load().await.unwrap(), "a"),
+            Some(100),
+            "taken over, it did not join again"
+        );
+        serve(&ring).await;
+
+        // An operator's removal: the lease is not taken again.
+        admin::change(&*ring, remove).await.unwrap();
+        serve(&ring).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(weight(&ring.load().await.unwrap(), "a"), None);
+        stop.cancel();
+        keeping.await.unwrap();
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use super::node_calls::NodeCalls;
 use super::route::Router;
 use super::validate;
 use crate::channel_state::ChannelState;
@@ -29,11 +30,18 @@ use crate::proto::{
 pub struct FleetService {
     router: Router,
     backups: Arc<Backups>,
+    /// Checked again, strictly, by the calls whose effect reaches the store
+    /// (the interceptor takes a missing token while upgrading).
+    node_calls: NodeCalls,
 }
 
 impl FleetService {
-    pub fn new(router: Router, backups: Arc<Backups>) -> FleetService {
-        FleetService { router, backups }
+    pub fn new(router: Router, backups: Arc<Backups>, node_calls: NodeCalls) -> FleetService {
+        FleetService {
+            router,
+            backups,
+            node_calls,
+        }
     }
 }
 
@@ -45,7 +53,8 @@ impl Fleet for FleetService {
         &self,
         request: Request<Streaming<MirrorRequest>>,
     ) -> Result<Response<Self::MirrorStream>, Status> {
-        super::mirror::handle(self.backups.clone(), request).await
+        let (member, backups) = (&self.router.member, self.backups.clone());
+        super::mirror::handle(member, backups, &self.node_calls, request).await
     }
 
     async fn release_slots(

@@ -48,6 +48,22 @@ impl NodeCalls {
         Ok(request)
     }
 
+    /// For a node's call whose effect reaches the store without a node's
+    /// further check (a backup stream): a token is required even while
+    /// upgrading, since no build before tokens makes such a call.
+    pub fn strict(
+        &self,
+        metadata: &MetadataMap,
+        peer: Option<SocketAddr>,
+        what: &str,
+    ) -> Result<(), Status> {
+        NodeCalls {
+            take_missing: false,
+            ..self.clone()
+        }
+        .check(metadata, peer, what)
+    }
+
     /// For a `ReadStates` call that came `hop`: one marked as a node's
     /// must be a node's.
     pub fn read_states(

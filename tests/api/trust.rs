@@ -156,5 +156,63 @@ async fn while_upgrading_a_call_without_a_token_is_taken_and_a_wrong_one_refused
     fleet.release_slots(release()).await.unwrap();
     let refused = fleet.release_slots(forged(release())).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // Issue 53, item 2: a backup stream's copy reaches the store, and no
+    // build before tokens streams one: never taken without a token.
+    let start = MirrorRequest {
+        part: Some(mirror_request::Part::Start(MirrorStart {
+            node: "old".into(),
+            ..MirrorStart::default()
+        })),
+    };
+    let refused = fleet.mirror(stream::iter([start])).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     a.stop().await;
+}
+
+/// Issue 53, item 2: a `Mirror` stream's copy is written to the store
+/// should it break, and a forged one (a live node named, with a made-up
+/// incarnation) was written at once, and displaced the node's real stream.
+/// A stream is taken only from the incarnation that holds the node's
+/// lease, by the node the ring names its backup; never without a token,
+/// even while upgrading.
+#[tokio::test]
+async fn a_backup_stream_is_taken_only_from_the_process_holding_the_nodes_lease() {
+    use readstates::cluster::backup::FORMAT;
+    use readstates::cluster::ring_store::RingStore;
+    use readstates::proto::mirror_request::Part;
+
+    let (ring, a, b) = two_nodes("a", "b").await;
+    let holder = ring
+        .lease("a")
+        .await
+        .unwrap()
+        .expect("a holds its lease")
+        .holder;
+    let mut to_b = FleetClient::new(b.channel().await);
+    let start = |node: &str, incarnation: &str| {
+        let start = MirrorStart {
+            node: node.into(),
+            incarnation: incarnation.into(),
+            format: FORMAT,
+            token: "b/forged/0".into(),
+        };
+        let mut request = Request::new(stream::iter([MirrorRequest {
+            part: Some(Part::Start(start)),
+        }]));
+        crate::helpers::as_node(&mut request);
+        request
+    };
+    let forged = to_b.mirror(start("a", "made up")).await.unwrap_err();
+    assert_eq!(forged.code(), Code::Unavailable, "{forged:?}");
+    assert!(forged.message().contains("lease"), "{forged:?}");
+    // b's backup is a, not b.
+    let not_backup = to_b.mirror(start("b", "made up")).await.unwrap_err();
+    assert_eq!(not_backup.code(), Code::Unavailable, "{not_backup:?}");
+    assert!(not_backup.message().contains("backup"), "{not_backup:?}");
+    // The real incarnation's stream is taken.
+    to_b.mirror(start("a", &holder))
+        .await
+        .expect("taken from a's holder");
+    a.stop().await;
+    b.stop().await;
 }

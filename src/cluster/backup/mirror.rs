@@ -34,7 +34,7 @@ use tonic::Code;
 
 use super::{FORMAT, backup_of};
 use crate::cache::Cache;
-use crate::cluster::lease::{BackupName, incarnation};
+use crate::cluster::lease::BackupName;
 use crate::cluster::member::Member;
 use crate::cluster::peers::Peers;
 use crate::cluster::ring_store::NO_BACKUP;
@@ -71,6 +71,8 @@ pub struct Mirror {
     state: Mutex<State>,
     /// Asks the lease holder to name a stream, or none.
     name: Arc<BackupName>,
+    /// This process, as its lease record names it.
+    incarnation: String,
     /// Numbers this process's streams (their tokens).
     streams: AtomicU64,
     /// The last trim reported, sent again as a heartbeat.
@@ -143,14 +145,17 @@ impl State {
 impl Mirror {
     /// The backup stream of `journal`'s node: the journal copies its
     /// batches to it from now on.
-    /// batches to it from now on. `name` is shared with the lease holder.
-    pub fn new(journal: Arc<Journal>, name: Arc<BackupName>) -> Arc<Mirror> {
+    /// batches to it from now on. `name` is shared with the lease holder,
+    /// and so is `incarnation`: a backup takes a stream only from the
+    /// incarnation holding the node's lease (`grpc::mirror`).
+    pub fn new(journal: Arc<Journal>, name: Arc<BackupName>, incarnation: String) -> Arc<Mirror> {
         gauge!(BACKUP_ATTACHED).set(0.0);
         let mirror = Arc::new(Mirror {
             journal: journal.clone(),
             outbox: Mutex::new(None),
             state: Mutex::new(State::default()),
             name,
+            incarnation,
             streams: AtomicU64::new(0),
             trimmed: AtomicU64::new(0),
         });
@@ -196,7 +201,7 @@ impl Mirror {
     /// Opens streams to the backup as the ring names it, one after the
     /// other, until `stop`.
     async fn streams(&self, member: Member, peers: Arc<dyn Peers>, stop: CancellationToken) {
-        let incarnation = incarnation();
+        let incarnation = &self.incarnation;
         loop {
             let ring = member.ring();
             match backup_of(&ring.ring, member.id()).cloned() {
@@ -207,7 +212,7 @@ impl Mirror {
                         member: &member,
                         peers: &*peers,
                         backup: &backup,
-                        incarnation: &incarnation,
+                        incarnation,
                     };
                     let streamed = tokio::select! {
                         result = self.stream(to) => result,

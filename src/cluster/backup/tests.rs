@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::held::Backups;
 use super::mirror::Mirror;
 use crate::cache::{Cache, CacheConfig};
-use crate::cluster::lease::BackupName;
+use crate::cluster::lease::{BackupName, incarnation};
 use crate::cluster::ring_store::NO_BACKUP;
 use crate::journal::disk::Fs;
 use crate::journal::{Journal, JournalConfig, JournalMode, Trimmer};
@@ -113,7 +113,7 @@ async fn one_seed(seed: u64) -> Seen {
     );
     cache.set_journal(journal.clone());
     let name = BackupName::new();
-    let mirror = Mirror::new(journal.clone(), name.clone());
+    let mirror = Mirror::new(journal.clone(), name.clone(), incarnation());
     let backups = Backups::new();
     let write_behind = WriteBehind::start(cache.clone(), WriteBehindConfig::default());
     let stop = CancellationToken::new();
@@ -378,7 +378,7 @@ async fn a_large_batch_goes_in_messages_of_whole_frames() {
     let config = JournalConfig::new(dir.path().to_owned(), JournalMode::Sync);
     let (journal, _) = Journal::open(config, Arc::new(Fs)).expect("journal");
     let journal = Arc::new(journal);
-    let mirror = Mirror::new(journal.clone(), BackupName::new());
+    let mirror = Mirror::new(journal.clone(), BackupName::new(), incarnation());
     let cache = Cache::new(CacheConfig::default(), Arc::new(MemoryStore::new()));
     let (outbox, mut queue) = super::mirror::queue();
     mirror.attach(&cache, "t", outbox).expect("attach");

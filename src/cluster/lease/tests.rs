@@ -37,6 +37,12 @@ struct Start {
 
 impl Start {
     fn new(store: &Arc<MemoryRingStore>) -> Start {
+        Start::after(store, None)
+    }
+
+    /// A start on the journal directory `predecessor` held before it (see
+    /// [`Holder::restarted_in_place`]).
+    fn after(store: &Arc<MemoryRingStore>, predecessor: Option<String>) -> Start {
         let cache = Cache::with_ownership(
             CacheConfig::default(),
             Arc::new(MemoryStore::new()),
@@ -53,7 +59,8 @@ impl Start {
         );
         let stop = CancellationToken::new();
         let backup = BackupName::new();
-        let holder = Holder::new(store.clone(), member.clone(), CONFIG, backup.clone());
+        let holder = Holder::new(store.clone(), member.clone(), CONFIG, backup.clone())
+            .restarted_in_place(predecessor);
         let holder = tokio::spawn(holder.run(stop.clone()));
         Start {
             member,
@@ -164,6 +171,40 @@ async fn a_restart_after_a_crash_waits_out_the_earlier_lease() {
         waited <= CONFIG.lapse() + 2 * CONFIG.renew_every(),
         "{waited:?}"
     );
+}
+
+/// Issue 53: a restart in place waited out its earlier lease, and a lease
+/// naming a copy a lapse more, so its backup took it over and the node
+/// lost its slots. A start that holds the journal directory its
+/// predecessor held (whose lock the kernel let go: that process is gone)
+/// takes the lease back at once, even one naming a copy; a start on
+/// another directory still waits.
+#[tokio::test(start_paused = true)]
+async fn a_restart_in_place_takes_its_predecessors_lease_back_at_once() {
+    let store = Arc::new(MemoryRingStore::default());
+    let first = Start::new(&store);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.backup.want("b/copy");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let record = store.lease(NODE).await.unwrap().unwrap();
+    assert_eq!(record.backup, "b/copy", "the lease names a copy");
+    first.crash();
+
+    let elsewhere = Start::after(&store, Some("another process".into()));
+    let crashed = Instant::now();
+    let in_place = Start::after(&store, Some(record.holder.clone()));
+    let waited = in_place.until_serving(true).await;
+    assert!(
+        waited < CONFIG.renew_every(),
+        "a restart in place waited {waited:?} for its own lease"
+    );
+    assert_eq!(
+        elsewhere.served_throughout(Duration::from_secs(10)).await,
+        Some(false),
+        "a start on another directory took the lease"
+    );
+    assert!(crashed.elapsed() >= Duration::from_secs(10));
+    assert!(in_place.serves());
 }
 
 #[tokio::test(start_paused = true)]
