@@ -242,7 +242,11 @@ mod tests {
         store.cut_off("x", true);
         for _ in 0..80 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            assert_eq!(sightings.lapsed("x", LEASE), None, "seen lapsed in the outage");
+            assert_eq!(
+                sightings.lapsed("x", LEASE),
+                None,
+                "seen lapsed in the outage"
+            );
         }
         store.cut_off("x", false);
         // The holder's next renewal lands a renewal period later.
