@@ -31,6 +31,10 @@ pub use cli::{Cli, Command, RingAction, RingArgs, ServeArgs, WaitArgs};
 /// The longest write delay taken: a change may wait this long in memory.
 pub const MAX_WRITE_DELAY: Duration = Duration::from_secs(24 * 3600);
 
+/// The node id the `ring` command's fleet tokens name (it asks nodes to let
+/// slots go as a node would).
+pub const RING_COMMAND: &str = "readstates-ring";
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StoreKind {
@@ -453,8 +457,14 @@ impl Config {
     /// What this node proves to the fleet's other nodes with, and checks
     /// their calls against (see `fleet_auth`); `None` without a secret (a
     /// standalone node).
+    /// Its tokens name this node (the `ring` command, which has no node id,
+    /// as `readstates-ring`) and this fleet (its keyspace).
     pub fn fleet_credential(&self) -> Option<FleetCredential> {
-        (self.fleet_secret.as_ref()).map(|secret| FleetCredential::new(secret.expose()))
+        let node = self.node_id.as_deref().unwrap_or(RING_COMMAND);
+        (self.fleet_secret.as_ref()).map(|secret| {
+            FleetCredential::new(secret.expose(), &self.keyspace, node)
+                .upgrading(self.fleet_auth == FleetAuth::Upgrading)
+        })
     }
 
     /// The Cassandra part, as the store takes it.

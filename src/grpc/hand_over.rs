@@ -4,7 +4,9 @@
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::node_calls;
 use super::validate;
+use crate::cluster::credential::Speaker;
 use crate::cluster::handoff::{self, Handoff, Part};
 use crate::cluster::member::Member;
 use crate::error::Error;
@@ -14,11 +16,16 @@ pub async fn handle(
     member: &Member,
     request: Request<Streaming<HandOverRequest>>,
 ) -> Result<Response<HandOverResponse>, Status> {
+    // Taken (by the interceptor) with the token of the node it names.
+    let speaker = request.extensions().get::<Speaker>().cloned();
     let mut requests = request.into_inner();
     let first = requests
         .message()
         .await?
         .ok_or_else(|| Error::invalid("hand_over", "no message"))?;
+    if let Some(speaker) = speaker {
+        node_calls::speaker_is(&speaker, &first.node_id, "HandOver's node_id")?;
+    }
     let slots = validate::slots("slots", &first.slots)?;
     let handoff = Handoff {
         epoch: first.epoch,

@@ -3,7 +3,8 @@
 //!
 //! What a stream brings is written to the store should it break (the
 //! write ahead of a takeover), so it is taken only from the process that
-//! holds the node's lease, only by the node the ring names its backup, and
+//! holds the node's lease (whose token it carries), only by the node the
+//! ring names its backup, and
 //! never on a missing token, even while `--fleet-auth upgrading` takes
 //! other calls without one: no build before tokens streams a backup
 //! (issue 53: a forged start naming a live node with a made-up incarnation
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::node_calls::NodeCalls;
+use super::node_calls::{self, NodeCalls};
 use crate::cluster::backup::backup_of;
 use crate::cluster::backup::held::Backups;
 use crate::cluster::backup::receive;
@@ -30,13 +31,14 @@ pub async fn handle(
     node_calls: &NodeCalls,
     request: Request<Streaming<MirrorRequest>>,
 ) -> Result<Response<Responses>, Status> {
-    node_calls.strict(request.metadata(), request.remote_addr(), "Fleet.Mirror")?;
+    let speaker = node_calls.strict(request.metadata(), request.remote_addr(), "Fleet.Mirror")?;
     let mut requests = request.into_inner();
     let first = requests.message().await?;
     if let Some(MirrorRequest {
         part: Some(Part::Start(start)),
     }) = &first
     {
+        node_calls::speaker_is(&speaker, &start.node, "Mirror's start.node")?;
         admit(member, start).await?;
     }
     // `receive` checks the start's form itself.

@@ -224,7 +224,7 @@ async fn a_forwarded_request_is_not_forwarded_again() {
     request
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
-    as_node(&mut request);
+    as_node(&mut request, "c");
     let refused = b.client.ack(request).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     let owner = refused.metadata().get(OWNER).unwrap().to_str().unwrap();
@@ -280,7 +280,7 @@ async fn a_dead_owner_holds_its_slots_until_released_by_force() {
     forwarded
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
-    as_node(&mut forwarded);
+    as_node(&mut forwarded, "c");
     let started = tokio::time::Instant::now();
     let refused = b.client.ack(forwarded).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
@@ -733,7 +733,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
     forwarded
         .metadata_mut()
         .insert(FORWARDED, "c".parse().unwrap());
-    as_node(&mut forwarded);
+    as_node(&mut forwarded, "c");
     let answer = tokio::time::timeout(Duration::from_secs(10), b.client.ack(forwarded))
         .await
         .expect("answered, not hung");
@@ -747,7 +747,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
         ..MessageCreatedRequest::default()
     });
     part.metadata_mut().insert(FORWARDED, "c".parse().unwrap());
-    as_node(&mut part);
+    as_node(&mut part, "c");
     let answer = tokio::time::timeout(Duration::from_secs(10), b.client.message_created(part))
         .await
         .expect("answered, not hung");
@@ -1118,7 +1118,11 @@ async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner
     let (b, record) = beside_a_stand_in(x, &store, &ring).await;
     let peers = readstates::cluster::peers::GrpcPeers::new(
         None,
-        readstates::cluster::credential::FleetCredential::new("a secret of sixteen bytes"),
+        readstates::cluster::credential::FleetCredential::new(
+            "a secret of sixteen bytes",
+            "readstates",
+            "test",
+        ),
     );
     let taken = admin::take_over(&*ring, &peers, "b", "x").await.unwrap();
     assert!(taken.ring.epoch() > record.ring.epoch() && taken.released.contains("x"));

@@ -213,7 +213,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
         .await
         .unwrap();
     let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
-    as_node(&mut request);
+    as_node(&mut request, "x");
     if ending == Ending::Timeout {
         request.set_timeout(Duration::from_millis(800));
     }
@@ -470,7 +470,7 @@ async fn hand_over_whole(
         users_sent: 1,
         ..HandOverRequest::default()
     }]));
-    as_node(&mut request);
+    as_node(&mut request, "x");
     client.hand_over(request).await.map(Response::into_inner)
 }
 
@@ -509,7 +509,7 @@ async fn a_second_handoff_of_a_slot_is_refused_and_undoes_nothing_of_the_first()
         .await
         .unwrap();
     let mut request = Request::new(tokio_stream::wrappers::ReceiverStream::new(requests));
-    as_node(&mut request);
+    as_node(&mut request, "x");
     let call = tokio::spawn(async move { client.hand_over(request).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(send);
@@ -550,7 +550,7 @@ async fn versions_from_after_the_clock_are_refused_from_a_node() {
             ..Default::default()
         }],
     });
-    as_node(&mut copy);
+    as_node(&mut copy, "x");
     let mut client = RawFleet::connect(format!("http://{}", fleet.b.addr))
         .await
         .unwrap();

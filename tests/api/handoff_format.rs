@@ -135,7 +135,10 @@ async fn handed_to(format: Option<u32>) -> Vec<HandOverRequest> {
             .add_service(FleetServer::new(receiver))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+    let peers = GrpcPeers::new(
+        None,
+        FleetCredential::new("a secret of sixteen bytes", "readstates", "test"),
+    );
     let handoff = Handoff {
         epoch: 3,
         slots: vec![slot_of(7), slot_of(8)],

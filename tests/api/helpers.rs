@@ -63,10 +63,10 @@ impl TestApp {
 /// The secret of the tests' fleets.
 pub const FLEET_SECRET: &str = "the test fleet's own secret";
 
-/// Marks `request` as a call of one of the fleet's nodes: with the token
-/// of [`FLEET_SECRET`].
-pub fn as_node<T>(request: &mut tonic::Request<T>) {
-    FleetCredential::new(FLEET_SECRET).stamp(request.metadata_mut());
+/// Marks `request` as a call of the fleet's node `node`: with its token
+/// under [`FLEET_SECRET`], in the tests' fleet (the default keyspace).
+pub fn as_node<T>(request: &mut tonic::Request<T>, node: &str) {
+    FleetCredential::new(FLEET_SECRET, "readstates", node).stamp(request.metadata_mut());
 }
 
 /// The test configuration: memory store, ports chosen by the OS, the

@@ -4,6 +4,7 @@
 //! PERMISSION_DENIED, changes nothing, and is counted.
 
 use futures::stream;
+use readstates::cluster::credential::FleetCredential;
 use readstates::grpc::route::{FORWARDED, PASSED_ON};
 use readstates::proto::fleet_client::FleetClient;
 use readstates::proto::*;
@@ -24,13 +25,12 @@ fn value_of(metrics: &str, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `message` with a token that is not the fleet's.
+/// `message` with a token of another fleet that shares the secret (issue
+/// 53, item 5: such fleets took each other's calls).
 fn forged<T>(message: T) -> Request<T> {
     let mut request = Request::new(message);
-    let token = "00".repeat(32).parse().unwrap();
-    request
-        .metadata_mut()
-        .insert("x-readstates-fleet-token", token);
+    let another = FleetCredential::new(crate::helpers::FLEET_SECRET, "another fleet", "b");
+    another.stamp(request.metadata_mut());
     request
 }
 
@@ -86,7 +86,7 @@ async fn a_client_without_the_fleet_token_cannot_call_the_fleet_service() {
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     // The fleet's own nodes are answered.
     let mut request = Request::new(release());
-    as_node(&mut request);
+    as_node(&mut request, "b");
     fleet.release_slots(request).await.unwrap();
     let metrics = a.metrics().await;
     let missing = format!("{REFUSED}{{reason=\"missing\"}}");
@@ -134,6 +134,41 @@ async fn a_client_cannot_mark_its_calls_as_a_node_s() {
     let refused = Applier::try_open(app.channel().await, 1).await.err();
     assert_eq!(refused.map(|s| s.code()), Some(Code::ResourceExhausted));
     app.stop().await;
+}
+
+/// Issue 53, item 5: the token proved membership, not which member: any
+/// node could say it was another. What a call says of its sender must be
+/// the node its token names.
+#[tokio::test]
+async fn a_node_cannot_speak_as_another() {
+    let (_ring, a, b) = two_nodes("a", "b").await;
+    let mut as_d = Request::new(MessageCreatedRequest {
+        channel_taken: Some(ChannelTaken { holds: true }),
+        ..message(9, 100, 0, &[1], &[2])
+    });
+    as_d.metadata_mut().insert(FORWARDED, "c".parse().unwrap());
+    as_node(&mut as_d, "d");
+    let mut client =
+        readstates::proto::read_states_client::ReadStatesClient::new(b.channel().await);
+    let refused = client.message_created(as_d).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("another node"), "{refused:?}");
+
+    let mut hand_over = Request::new(stream::iter([HandOverRequest {
+        epoch: 2,
+        slots: vec![0],
+        node_id: "a".into(),
+        done: true,
+        ..HandOverRequest::default()
+    }]));
+    as_node(&mut hand_over, "d");
+    let refused = FleetClient::new(b.channel().await)
+        .hand_over(hand_over)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    a.stop().await;
+    b.stop().await;
 }
 
 /// A rolling upgrade from a build whose nodes send no token: with
@@ -199,7 +234,7 @@ async fn a_backup_stream_is_taken_only_from_the_process_holding_the_nodes_lease(
         let mut request = Request::new(stream::iter([MirrorRequest {
             part: Some(Part::Start(start)),
         }]));
-        crate::helpers::as_node(&mut request);
+        crate::helpers::as_node(&mut request, node);
         request
     };
     let forged = to_b.mirror(start("a", "made up")).await.unwrap_err();

@@ -19,6 +19,7 @@ use readstates::cluster::lease::LeaseConfig;
 use readstates::cluster::peers::GrpcPeers;
 use readstates::cluster::ring_store::cassandra::CassandraRingStore;
 use readstates::cluster::ring_store::{NO_BACKUP, RingStore};
+use readstates::config::RING_COMMAND;
 use readstates::proto::GetReadStatesRequest;
 use readstates::proto::read_states_client::ReadStatesClient;
 use readstates::store::Store;
@@ -670,7 +671,8 @@ async fn two_nodes_lost_at_once_lose_only_what_both_held() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let taken_over = at.elapsed();
-        let peers = GrpcPeers::new(None, FleetCredential::new(FLEET_SECRET));
+        let credential = FleetCredential::new(FLEET_SECRET, &fleet.keyspace, RING_COMMAND);
+        let peers = GrpcPeers::new(None, credential);
         let record = admin::remove_dead(&*ring, &peers, "n2", Some(LeaseConfig::default()))
             .await
             .expect("n2 removed by force");

@@ -49,7 +49,10 @@ impl Start {
             Arc::new(Ownership::member()),
         );
         cache.ownership().set(SLOT, SlotState::Serving);
-        let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+        let peers = GrpcPeers::new(
+            None,
+            FleetCredential::new("a secret of sixteen bytes", "readstates", "test"),
+        );
         let member = Member::new(
             NODE.to_owned(),
             store.clone(),

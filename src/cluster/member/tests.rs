@@ -177,7 +177,10 @@ async fn node_a(
     ring_store: Arc<MemoryRingStore>,
     cache: Arc<Cache>,
 ) -> (Member, CancellationToken) {
-    let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+    let peers = GrpcPeers::new(
+        None,
+        FleetCredential::new("a secret of sixteen bytes", "readstates", "test"),
+    );
     let member = Member::new(
         "a".to_owned(),
         ring_store,

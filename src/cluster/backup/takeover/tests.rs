@@ -89,7 +89,10 @@ async fn b_backs_up_x() -> (Arc<MemoryRingStore>, Takeover, CancellationToken) {
         store.clone(),
         Arc::new(Ownership::member()),
     );
-    let peers = GrpcPeers::new(None, FleetCredential::new("a secret of sixteen bytes"));
+    let peers = GrpcPeers::new(
+        None,
+        FleetCredential::new("a secret of sixteen bytes", "readstates", "test"),
+    );
     let member = Member::new(
         "b".to_owned(),
         ring_store.clone(),
