@@ -307,9 +307,11 @@ settings! {
     /// Required with `node_id`; never logged or printed.
     #[arg(long, env = "READSTATES_FLEET_SECRET", hide_env_values = true)]
     fleet_secret: Option<Secret> = None;
-    /// `required`: every call a node makes carries the fleet's token.
-    /// `upgrading`: a call with none is taken too, only while nodes of a
-    /// build before tokens remain in a rolling upgrade.
+    /// `required`: every call a node makes carries its node token (bound
+    /// to the fleet, the node and a few minutes). `upgrading`: a call with
+    /// the static token of the builds before, or none, is taken too (and
+    /// this node sends both tokens), only while nodes of such a build
+    /// remain in a rolling upgrade or a canary.
     #[arg(long, env = "READSTATES_FLEET_AUTH")]
     fleet_auth: FleetAuth = FleetAuth::Required;
     /// How often a fleet node reads the ring.
@@ -456,8 +458,7 @@ impl Config {
 
     /// What this node proves to the fleet's other nodes with, and checks
     /// their calls against (see `fleet_auth`); `None` without a secret (a
-    /// standalone node).
-    /// Its tokens name this node (the `ring` command, which has no node id,
+    /// standalone node). Its tokens name this node (the `ring` command, which has no node id,
     /// as `readstates-ring`) and this fleet (its keyspace).
     pub fn fleet_credential(&self) -> Option<FleetCredential> {
         let node = self.node_id.as_deref().unwrap_or(RING_COMMAND);
