@@ -239,6 +239,13 @@ settings! {
     /// Requests in progress beyond which new ones get RESOURCE_EXHAUSTED.
     #[arg(long, env = "READSTATES_MAX_CONCURRENT_REQUESTS")]
     max_concurrent_requests: usize = 10_000;
+    /// A request slower than this is logged with where its time went (a
+    /// store load, the journal and backup, a forward hop, a hold while its
+    /// slot moves here), a few a second at most, and counted in
+    /// `readstates_slow_requests_total`. 0: none is.
+    #[arg(long, env = "READSTATES_SLOW_REQUEST", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    slow_request: Duration = Duration::from_millis(100);
     /// How long a node remembers each user it lowered for a deleted
     /// message, so that a retry within it lowers nobody twice.
     #[arg(long, env = "READSTATES_DELETION_DEDUP_WINDOW", value_parser = humantime::parse_duration)]

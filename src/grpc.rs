@@ -33,6 +33,7 @@ pub mod route;
 mod scatter;
 mod set_channel_counting;
 mod set_muted;
+mod timed;
 pub mod validate;
 mod watch;
 
@@ -64,6 +65,9 @@ pub struct ServiceConfig {
     pub max_apply_streams: usize,
     /// Thread read states are taken (see `Config::threads`).
     pub threads: bool,
+    /// Requests slower than this are logged with their breakdown
+    /// (`Config::slow_request`; zero: none).
+    pub slow_request: std::time::Duration,
 }
 
 impl From<&Config> for ServiceConfig {
@@ -77,6 +81,7 @@ impl From<&Config> for ServiceConfig {
                 .unwrap_or_else(|| "standalone".to_owned()),
             max_apply_streams: config.max_apply_streams,
             threads: config.threads,
+            slow_request: config.slow_request,
         }
     }
 }

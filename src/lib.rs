@@ -20,7 +20,8 @@
 //!   cache.
 //! - [`grpc`]: the tonic service, one file per RPC; [`error`] maps failures to
 //!   gRPC statuses; [`proto`] is the generated code.
-//! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`.
+//! - [`metrics`]: metric names, the Prometheus recorder and `/metrics`;
+//!   [`timing`]: where one request's time went, for the slow ones.
 //! - [`tls`]: TLS and mTLS for the gRPC port and between nodes, with
 //!   certificates reloaded when their files change.
 //! - `test_support` (feature `test-support`): request builders for tests;
@@ -56,6 +57,7 @@ pub mod store;
 pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+pub mod timing;
 pub mod tls;
 pub mod watch;
 pub mod write_behind;

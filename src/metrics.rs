@@ -33,6 +33,9 @@ pub const STORE_OPERATIONS: &str = "readstates_store_operations_total";
 pub const STORE_DURATION: &str = "readstates_store_duration_seconds";
 pub const STORE_WRITTEN: &str = "readstates_store_written_read_states_total";
 pub const BUILD_INFO: &str = "readstates_build_info";
+/// Requests slower than `slow_request`, by `method` (each logged with its
+/// breakdown, a few a second at most).
+pub const SLOW_REQUESTS: &str = "readstates_slow_requests_total";
 pub const WATCHED_USERS: &str = "readstates_watched_users";
 /// Channels counted by channel this node holds, and those of them with
 /// changes the store does not hold yet.
@@ -136,6 +139,11 @@ impl MethodMetrics {
             ok: counter!(REQUESTS, "method" => method, "code" => ok, "node" => node.to_owned()),
             duration: Latency::registered(method, node),
         }
+    }
+
+    /// The method's name, as its metrics label it.
+    pub fn method(&self) -> &'static str {
+        self.method
     }
 
     /// One request ended with `code`.

@@ -11,6 +11,7 @@ use super::shard::Shard;
 use crate::clock;
 use crate::error::Error;
 use crate::journal::{Journal, Replayed};
+use crate::timing::{self, Phase};
 
 tokio::task_local! {
     /// Set on a task whose changes are confirmed later, together (see
@@ -92,7 +93,8 @@ impl Cache {
         let Some(journal) = self.journal.get() else {
             return Ok(());
         };
-        (journal.durable(journal.appended()).await).map_err(|e| Error::JournalFailed {
+        let durable = journal.durable(journal.appended());
+        (timing::measure(Phase::Durable, durable).await).map_err(|e| Error::JournalFailed {
             reason: e.to_string(),
         })
     }

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use super::{Cache, LoadFailure, Loading, Shard, shard};
 use crate::clock;
 use crate::error::Error;
+use crate::timing::{self, Phase};
 
 impl Cache {
     /// Brings a user into the cache (a subscribe about to need it), if
@@ -60,7 +61,8 @@ impl Cache {
             };
             // An error from `wait_for` means the loader is gone: try again.
             // A load discarded because the slot moved: the check says where.
-            if let Ok(result) = load.wait_for(Option::is_some).await
+            let loaded = timing::measure(Phase::Load, load.wait_for(Option::is_some)).await;
+            if let Ok(result) = loaded
                 && let Some(Err(LoadFailure::Store(reason))) = &*result
             {
                 return Err(Error::LoadFailed {

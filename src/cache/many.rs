@@ -20,6 +20,7 @@ use crate::journal::record;
 use crate::read_state::{UserReadStates, UserView};
 use crate::recent_deletions::Deletion;
 use crate::store::UserWrite;
+use crate::timing::{self, Phase};
 
 /// How many uncached users one request loads at once.
 const LOADS_PER_REQUEST: usize = 64;
@@ -213,7 +214,8 @@ impl Cache {
                 return Ok(());
             };
             pins.add(user_id, Some(load.clone()));
-            let outcome = load.wait_for(Option::is_some).await.map(|r| r.clone());
+            let loaded = timing::measure(Phase::Load, load.wait_for(Option::is_some));
+            let outcome = loaded.await.map(|r| r.clone());
             match outcome {
                 Ok(Some(Ok(()))) => return Ok(()),
                 Ok(Some(Err(failure))) => {

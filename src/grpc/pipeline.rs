@@ -4,6 +4,7 @@
 //! owner and its parts gathered ([`ReadStatesService::call_scattered`]);
 //! either way [`ReadStatesService::run`] bounds the requests in progress,
 //! records the method's status and latency, and maps [`Error`] to a status.
+//! A unary call's phases are timed ([`crate::timing`], [`super::timed`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::forward::Forward;
 use super::scatter::Scatter;
+use super::timed::Timed;
 use super::{Origin, ReadStatesService, by_channel, route, validate};
 use crate::cache::Cache;
 use crate::error::Error;
@@ -20,6 +22,7 @@ use crate::metrics::MethodMetrics;
 use crate::ownership::SlotState;
 use crate::proto::*;
 use crate::read_state::{Key, Kind};
+use crate::timing;
 
 impl ReadStatesService {
     /// [`Self::run_routed`], for a unary call.
@@ -34,9 +37,19 @@ impl ReadStatesService {
         F: Future<Output = Result<Req::Response, Error>>,
     {
         let origin = Origin::of(request.metadata(), self.hop_of(&request)?);
-        self.run_routed(metrics, origin, request.into_inner(), handler, true)
-            .await
-            .map(Response::new)
+        let timed = self.timed(metrics, request.metadata());
+        let running = self.run_routed(metrics, origin, request.into_inner(), handler, true);
+        let (result, breakdown) = timing::scope(running).await;
+        timed.end(result.map(Response::new), breakdown)
+    }
+
+    /// How a unary request's end is timed (see [`Timed`]).
+    fn timed(&self, metrics: &MethodMetrics, metadata: &tonic::metadata::MetadataMap) -> Timed {
+        Timed {
+            method: metrics.method(),
+            slow: self.config.slow_request,
+            asked: Timed::asked(metadata),
+        }
     }
 
     /// Runs a request: bounds the requests in progress, enforces the
@@ -138,9 +151,10 @@ impl ReadStatesService {
         F: Future<Output = Result<Req::Response, Error>>,
     {
         let origin = Origin::of(request.metadata(), self.hop_of(&request)?);
-        self.run_scattered(metrics, origin, request.into_inner(), handler)
-            .await
-            .map(Response::new)
+        let timed = self.timed(metrics, request.metadata());
+        let running = self.run_scattered(metrics, origin, request.into_inner(), handler);
+        let (result, breakdown) = timing::scope(running).await;
+        timed.end(result.map(Response::new), breakdown)
     }
 
     /// Splits a request touching many users by owner (on a fleet node, for

@@ -26,6 +26,7 @@ use crate::cluster::peers::GrpcPeers;
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::read_states_client::ReadStatesClient;
+use crate::timing::{self, Phase};
 
 /// Set on a forwarded request; on a refusal, the owner (`id@host:port`)
 /// and the epoch of that answer. Defined with the client that reads them.
@@ -109,6 +110,10 @@ impl Router {
     /// Waits up to [`HOLD`] (and the request's deadline) for `user_id`'s
     /// slot to be served here; whether it is.
     pub async fn hold(&self, user_id: u64, until: Option<Instant>) -> bool {
+        timing::measure(Phase::Hold, self.held(user_id, until)).await
+    }
+
+    async fn held(&self, user_id: u64, until: Option<Instant>) -> bool {
         let deadline = Instant::now() + HOLD;
         let deadline = until.map_or(deadline, |until| until.min(deadline));
         let ownership = self.member.ownership();
@@ -193,7 +198,8 @@ impl Router {
         budget: Option<Duration>,
     ) -> Option<Result<Req::Response, Status>> {
         let destination = self.next(user_id, hop)?;
-        Some(self.send(&destination, request, hop, budget).await)
+        let sent = self.send(&destination, request, hop, budget);
+        Some(timing::measure(Phase::Forward, sent).await)
     }
 
     /// Sends a request that came `hop` to `owner`, marked forwarded (and

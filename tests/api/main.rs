@@ -26,6 +26,7 @@ mod redelivery;
 mod restart;
 mod set_muted;
 mod threads;
+mod timing;
 mod tls;
 mod trust;
 mod watch;
