@@ -425,10 +425,11 @@ impl Journal {
     }
 
     /// The incarnation the last process on this directory recorded, if it
-    /// did: that process is gone (this one holds the lock).
+    /// locked this very lock file under this kernel: that process is gone
+    /// (this one holds the lock; see [`DirLock::gone_predecessor`]).
     pub fn predecessor(&self) -> Option<String> {
         let held = self.lock_dir();
-        held.as_ref()?.predecessor()?.incarnation.clone()
+        held.as_ref()?.gone_predecessor().map(str::to_owned)
     }
 
     fn lock_dir(&self) -> MutexGuard<'_, Option<DirLock>> {

@@ -13,9 +13,13 @@
 //! this machine still has the journal open.
 //!
 //! A fleet node also writes the incarnation holding its lease (only with
-//! the journal synced before every answer): the next start reads it as its
-//! [`DirLock::predecessor`], gone for certain, whose lease it may take back
-//! at once (`docs/failover.md`, "Restarted in place").
+//! the journal synced before every answer), with the kernel's boot id and
+//! the lock file's device and inode: the next start reads it as its
+//! [`DirLock::predecessor`], gone for certain only if it locked this very
+//! file under this very kernel (a copy of the directory, a volume cloned or
+//! moved to another machine, proves nothing of the process on the
+//! original), whose lease it may take back at once (`docs/failover.md`,
+//! "Restarted in place").
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
@@ -49,8 +53,12 @@ pub struct Holder {
     pub host: String,
     /// When it took the lock (RFC 3339), which is during its start.
     pub started: String,
-    /// The fleet node's incarnation (its lease names it), once recorded.
+    /// The fleet node's incarnation (its lease names it), once recorded,
+    /// with where its lock was: the kernel's boot id and the lock file's
+    /// `device:inode`.
     pub incarnation: Option<String>,
+    pub boot: Option<String>,
+    pub file: Option<String>,
 }
 
 impl DirLock {
@@ -111,17 +119,40 @@ impl DirLock {
             .map_err(|e| JournalError::io(&path, &e))
     }
 
-    /// Names `incarnation` as this process's in the file, for the next
-    /// start to find as its predecessor's.
+    /// Names `incarnation` as this process's in the file, with this
+    /// kernel's boot id and the file's identity, for the next start to
+    /// find as its predecessor's.
     pub fn record_incarnation(&mut self, incarnation: &str) -> Result<(), JournalError> {
         self.holder.incarnation = Some(incarnation.to_owned());
+        self.holder.boot = boot_id();
+        self.holder.file = self.identity();
         self.write()
     }
 
-    /// The last process that held the directory before this one: gone,
-    /// since the kernel let go of its lock.
+    /// The last process that held the directory before this one.
     pub fn predecessor(&self) -> Option<&Holder> {
         self.previous.as_ref()
+    }
+
+    /// The incarnation the predecessor recorded, only if it locked this
+    /// very file under this very kernel: then the kernel let go of its
+    /// lock, so it is gone. A copy of the directory (another inode), or
+    /// one on another machine or after a reboot (another boot id), names
+    /// a process this lock says nothing about.
+    pub fn gone_predecessor(&self) -> Option<&str> {
+        let previous = self.previous.as_ref()?;
+        let here = (boot_id(), self.identity());
+        let known = here.0.is_some() && here.1.is_some();
+        (known && (previous.boot.clone(), previous.file.clone()) == here)
+            .then_some(previous.incarnation.as_deref())
+            .flatten()
+    }
+
+    /// The lock file's `device:inode`.
+    fn identity(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let metadata = self._file.metadata().ok()?;
+        Some(format!("{}:{}", metadata.dev(), metadata.ino()))
     }
 
     pub fn dir(&self) -> &Path {
@@ -141,6 +172,8 @@ impl Holder {
             host: hostname(),
             started: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
             incarnation: None,
+            boot: None,
+            file: None,
         }
     }
 
@@ -150,8 +183,15 @@ impl Holder {
             "pid {}\nhost {}\nstarted {}\n",
             self.pid, self.host, self.started
         );
-        if let Some(incarnation) = &self.incarnation {
-            text.push_str(&format!("incarnation {incarnation}\n"));
+        let recorded = [
+            ("incarnation", &self.incarnation),
+            ("boot", &self.boot),
+            ("file", &self.file),
+        ];
+        for (key, value) in recorded {
+            if let Some(value) = value {
+                text.push_str(&format!("{key} {value}\n"));
+            }
         }
         text
     }
@@ -167,6 +207,8 @@ impl Holder {
             host: value("host")?,
             started: value("started")?,
             incarnation: value("incarnation"),
+            boot: value("boot"),
+            file: value("file"),
         })
     }
 }
@@ -179,6 +221,13 @@ impl std::fmt::Display for Holder {
             self.pid, self.host, self.started
         )
     }
+}
+
+/// This boot of the kernel (Linux): the same for every process and
+/// container on the machine until it restarts.
+fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_owned()).filter(|id| !id.is_empty())
 }
 
 /// The kernel's name for this host (what `hostname` prints; a container's

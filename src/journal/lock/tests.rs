@@ -72,11 +72,34 @@ fn the_next_holder_finds_the_incarnation_its_predecessor_recorded() {
     let second = DirLock::acquire(dir.path()).unwrap();
     let predecessor = second.predecessor().expect("the first is named");
     assert_eq!(predecessor.incarnation.as_deref(), Some("0123abcd"));
+    assert_eq!(second.gone_predecessor(), Some("0123abcd"));
     assert_eq!(second.holder().incarnation, None);
     drop(second);
     let third = DirLock::acquire(dir.path()).unwrap();
+    assert_eq!(third.gone_predecessor(), None);
+}
+
+/// Found in review: a copy of a live node's journal directory (a volume
+/// cloned, or copied to a new host) carries its lock file, naming the live
+/// process's incarnation; a start on the copy took the live node's lease
+/// at once, and both served its users. The lock proves a predecessor gone
+/// only for the file it locked, under the kernel that let go of it.
+#[test]
+fn a_copy_of_a_live_directory_names_no_gone_predecessor() {
+    let live = tempfile::tempdir().unwrap();
+    let mut holder = DirLock::acquire(live.path()).unwrap();
+    holder.record_incarnation("live one").unwrap();
+    let copy = tempfile::tempdir().unwrap();
+    std::fs::copy(live.path().join(LOCK_FILE), copy.path().join(LOCK_FILE)).unwrap();
+    let on_the_copy = DirLock::acquire(copy.path()).expect("another file: not locked");
+    let named = on_the_copy
+        .predecessor()
+        .and_then(|p| p.incarnation.as_deref());
+    assert_eq!(named, Some("live one"), "the copy names the live process");
     assert_eq!(
-        third.predecessor().and_then(|p| p.incarnation.clone()),
-        None
+        on_the_copy.gone_predecessor(),
+        None,
+        "a live process taken for gone"
     );
+    drop(holder);
 }
