@@ -12,6 +12,7 @@ use readstates_routing::ring::NO_OWNER;
 use readstates_routing::{Node, RingError, Slot};
 
 use super::lease::TAKEOVER_BY;
+use super::lease::hold::{Fenced, Hold};
 use super::lease::{self, LeaseConfig, Seen};
 use super::peers::Peers;
 use super::ring_store::{LeaseRecord, NO_BACKUP, OPERATOR_TAKEOVER, RingRecord, RingStore};
@@ -265,28 +266,42 @@ pub async fn remove_dead(
         renewals: seen.as_ref().map_or(0, |seen| seen.renewals + 1),
         backup: NO_BACKUP.to_owned(),
     };
+    let sent = tokio::time::Instant::now();
     if !store.swap_lease(node, seen.as_ref(), &held).await? {
         return Err(AdminError::LeaseLive {
             node: node.to_owned(),
             within: lease.map_or(Duration::ZERO, |config| config.lapse()),
         });
     }
-    let every = lease.unwrap_or_default().renew_every();
+    let config = lease.unwrap_or_default();
+    // Renewed until done; lost (this command stalled past it, or a
+    // renewal did not apply), the removal stops (see `lease::hold`).
+    let hold = Hold::new(sent, config.duration);
     let renewing = async {
-        loop {
-            tokio::time::sleep(every).await;
+        while hold.holds() {
+            tokio::time::sleep(config.renew_every()).await;
             let next = LeaseRecord {
                 renewals: held.renewals + 1,
                 ..held.clone()
             };
-            if let Ok(true) = store.swap_lease(node, Some(&held), &next).await {
-                held = next;
+            let sent = tokio::time::Instant::now();
+            match store.swap_lease(node, Some(&held), &next).await {
+                Ok(true) => {
+                    held = next;
+                    hold.renewed(sent);
+                }
+                Ok(false) => hold.lost(),
+                Err(_) => {}
             }
         }
     };
+    let fenced = Fenced { store, hold: &hold };
     let taken = tokio::select! {
-        taken = take_over(store, peers, "operator", node) => taken,
-        () = renewing => unreachable!("renews until the takeover is done"),
+        taken = take_over(&fenced, peers, "operator", node) => taken,
+        () = renewing => return Err(AdminError::Store(StoreError::new(
+            "ring",
+            format!("the hold on {node}'s lease lapsed before it was removed (this command stalled?): nothing more was done; look with `readstates ring show`"),
+        ))),
     };
     let free = LeaseRecord {
         holder: String::new(),

@@ -15,6 +15,8 @@
 //!   unwritten changes a takeover may use; the backup stream asks, the
 //!   holder records it with a renewal made at once.
 
+pub mod hold;
+
 use std::sync::Arc;
 use std::time::Duration;
 

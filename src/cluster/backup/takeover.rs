@@ -31,6 +31,7 @@ use super::backup_of;
 use super::held::{Backups, Taken};
 use super::sightings::Sightings;
 use crate::cluster::admin::{self, AdminError};
+use crate::cluster::lease::hold::{Fenced, Hold};
 use crate::cluster::lease::{LeaseConfig, TAKEOVER_BY};
 use crate::cluster::member::Member;
 use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
@@ -188,6 +189,7 @@ impl Takeover {
         };
         // Not taken: looked at again a poll later (not at once, over and
         // over, each time decoding the copy again: found in review).
+        let sent = Instant::now();
         match self.ring_store.swap_lease(node, Some(&seen), &held).await {
             Ok(true) => {}
             Ok(false) => {
@@ -224,9 +226,13 @@ impl Takeover {
         // may answer `ReleaseSlots` (see `Member::release_slots`; this
         // takeover's epoch may wait for it).
         let copy_written = Notify::new();
+        // Renewed until done; lost (a renewal that does not apply, or none
+        // applied for the lease's duration: this node stalled), the
+        // takeover stops, and its ring steps are refused meanwhile.
+        let hold = Hold::new(sent, self.lease.duration);
         let renewing = async {
             let mut written = false;
-            loop {
+            while hold.holds() {
                 tokio::select! {
                     () = tokio::time::sleep(self.lease.renew_every()) => {}
                     () = copy_written.notified(), if !written => written = true,
@@ -240,8 +246,14 @@ impl Takeover {
                     },
                     ..held.clone()
                 };
-                if let Ok(true) = self.ring_store.swap_lease(node, Some(&held), &next).await {
-                    held = next;
+                let sent = Instant::now();
+                match self.ring_store.swap_lease(node, Some(&held), &next).await {
+                    Ok(true) => {
+                        held = next;
+                        hold.renewed(sent);
+                    }
+                    Ok(false) => hold.lost(),
+                    Err(_) => {}
                 }
             }
         };
@@ -259,9 +271,12 @@ impl Takeover {
             // Tried again while the lease is held: given up, the node
             // would wait for an operator (found in review).
             let taken = loop {
-                let store = &*self.ring_store;
-                match admin::take_over(store, peers, self.member.id(), node).await {
-                    Err(AdminError::Store(e)) => {
+                let store = Fenced {
+                    store: &*self.ring_store,
+                    hold: &hold,
+                };
+                match admin::take_over(&store, peers, self.member.id(), node).await {
+                    Err(AdminError::Store(e)) if hold.holds() => {
                         tracing::warn!(node, error = %e, "cannot make the takeover's epoch yet; trying again");
                         tokio::time::sleep(RETRY_EPOCH).await;
                     }
@@ -272,7 +287,16 @@ impl Takeover {
         };
         let (result, written) = tokio::select! {
             done = taking => done,
-            () = renewing => unreachable!("renews until the takeover is done"),
+            () = renewing => {
+                counter!(TAKEOVERS, "result" => "lost").increment(1);
+                tracing::warn!(
+                    node,
+                    "this takeover lost its hold on the node's lease (a renewal did not apply, or \
+                     none did for the lease's duration): given up; whoever holds the lease now \
+                     serves or takes the node"
+                );
+                return;
+            }
         };
         match result {
             Ok(record) => {

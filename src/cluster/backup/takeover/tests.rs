@@ -487,3 +487,49 @@ async fn a_takeover_whose_epoch_fails_at_first_tries_again() {
     stop.cancel();
     running.await.unwrap();
 }
+
+/// Found in review: a takeover that stalled once it held the dead node's
+/// lease (frozen, its renewals failing) went on when it woke and made the
+/// epoch without the node, though the node, started again in place, had
+/// waited its hold out and taken the lease back: two owners, an
+/// acknowledged change lost. A renewal that does not apply ends the
+/// takeover, and its ring steps are refused from then on.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_that_lost_its_hold_on_the_lease_makes_no_epoch() {
+    let (ring_store, takeover, stop) = b_backs_up_x().await;
+    let backups = takeover.backups.clone();
+    let running = tokio::spawn(takeover.run(stop.clone()));
+    let named = lease_of_x(1, "b/x1/0");
+    assert!(ring_store.swap_lease("x", None, &named).await.unwrap());
+    broken_copy(&backups, "b/x1/0");
+    // b stalls in its ring steps once it holds x's lease.
+    ring_store.hold_loads(true);
+    let taken = loop {
+        let lease = ring_store.lease("x").await.unwrap().unwrap();
+        if lease.holder.starts_with(TAKEOVER_BY) {
+            break lease;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // x, started again, waited the hold out and takes its lease back.
+    let again = LeaseRecord {
+        holder: "x again".to_owned(),
+        renewals: taken.renewals + 1,
+        backup: NO_BACKUP.to_owned(),
+    };
+    assert!(
+        (ring_store.swap_lease("x", Some(&taken), &again))
+            .await
+            .unwrap()
+    );
+    tokio::time::sleep(LEASE.renew_every() * 2).await;
+    ring_store.hold_loads(false);
+    tokio::time::sleep(LEASE.lapse() * 2).await;
+    assert!(
+        ring_store.load().await.unwrap().ring.node("x").is_some(),
+        "the takeover made its epoch after it lost the lease"
+    );
+    assert_eq!(ring_store.lease("x").await.unwrap(), Some(again));
+    stop.cancel();
+    running.await.unwrap();
+}
