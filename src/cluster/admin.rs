@@ -297,7 +297,7 @@ pub async fn remove_dead(
     };
     let fenced = Fenced { store, hold: &hold };
     let taken = tokio::select! {
-        taken = take_over(&fenced, peers, "operator", node) => taken,
+        taken = take_over(&fenced, peers, "operator", node, false) => taken,
         () = renewing => return Err(AdminError::Store(StoreError::new(
             "ring",
             format!("the hold on {node}'s lease lapsed before it was removed (this command stalled?): nothing more was done; look with `readstates ring show`"),
@@ -326,12 +326,17 @@ pub async fn remove_dead(
 /// them go, and their next owners must find them there. Such a sender that
 /// died too, and is out of the ring (so nothing takes it over), holds the
 /// takeover until an operator forces its release. Returns the record made
-/// (or found, if `dead` is out of the ring already).
+/// (or found, if `dead` is out of the ring already). With `rejoins`, the
+/// node's weight is remembered as the one it drained from, so that it adds
+/// itself back once it holds its lease again (a backup's takeover of a node
+/// that lived, or starts again in place); an operator's `ring remove
+/// --force` removes it for good.
 pub async fn take_over(
     store: &dyn RingStore,
     peers: &dyn Peers,
     me: &str,
     dead: &str,
+    rejoins: bool,
 ) -> Result<RingRecord, AdminError> {
     // Senders known to have let their slots go, with the epoch.
     let mut let_go: BTreeMap<String, u64> = BTreeMap::new();
@@ -409,9 +414,18 @@ pub async fn take_over(
         if !next.owners().iter().any(|&o| o != NO_OWNER) {
             return Err(AdminError::NoOwnerLeft);
         }
+        let weight = record.ring.node(dead).map_or(0, |n| n.weight);
         let mut next = record.advance(next);
         next.released.insert(dead.to_owned());
         if store.advance(&next).await? {
+            // After the epoch: a weight remembered for a node still in the
+            // ring would outlive it (`Presence::join` takes it back).
+            if rejoins
+                && weight > 0
+                && let Err(e) = store.set_drained_weight(dead, Some(weight)).await
+            {
+                tracing::warn!(node = dead, error = %e, "taken over, but its weight is not remembered: it does not add itself back (`readstates ring add` it)");
+            }
             return Ok(next);
         }
     }
@@ -740,7 +754,7 @@ mod tests {
         let peers = letting();
         let taking = tokio::spawn({
             let (store, peers) = (store.clone(), peers.clone());
-            async move { take_over(&*store, &*peers, "b", "d").await }
+            async move { take_over(&*store, &*peers, "b", "d", false).await }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         let epoch = store.load().await.unwrap().ring.epoch();
@@ -763,7 +777,7 @@ mod tests {
         let (store, _) = x_draining_to_a_dead_d().await;
         store.report("x", 4).await.unwrap();
         let peers = letting();
-        let taking = take_over(&*store, &*peers, "b", "d");
+        let taking = take_over(&*store, &*peers, "b", "d", false);
         let taken = tokio::time::timeout(Duration::from_secs(60), taking).await;
         assert!(peers.asked.lock().unwrap().is_empty());
         assert_eq!(taken.expect("not held up").unwrap().ring.epoch(), 5);
@@ -788,7 +802,7 @@ mod tests {
         let peers = letting();
         let taking = tokio::spawn({
             let (store, peers) = (store.clone(), peers.clone());
-            async move { take_over(&*store, &*peers, "b", "d").await }
+            async move { take_over(&*store, &*peers, "b", "d", false).await }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(
@@ -827,7 +841,7 @@ mod tests {
         let peers = letting();
         let taking = tokio::spawn({
             let (store, peers) = (store.clone(), peers.clone());
-            async move { take_over(&*store, &*peers, "b", "e").await }
+            async move { take_over(&*store, &*peers, "b", "e", false).await }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(store.load().await.unwrap().ring.epoch(), 5, "x not asked");

@@ -35,10 +35,28 @@ impl Presence {
     /// it back the weight it drained from; waits its turn until `stop`.
     /// Returns the change made, if any.
     pub async fn join(&self, stop: &CancellationToken) -> Result<Option<u64>, AdminError> {
+        self.join_as(false, stop).await
+    }
+
+    /// [`Presence::join`]; `again` (the lease taken again after it was
+    /// revoked): added back only at a weight a takeover remembered, so that
+    /// a node an operator removed (`ring remove`) is not.
+    async fn join_as(
+        &self,
+        again: bool,
+        stop: &CancellationToken,
+    ) -> Result<Option<u64>, AdminError> {
         let id = self.node.id.as_str();
         loop {
             let record = self.ring_store.load().await?;
             let change = match record.ring.node(id) {
+                None if again => match self.ring_store.drained_weight(id).await? {
+                    Some(weight) => RingChange::Add(Node {
+                        weight,
+                        ..self.node.clone()
+                    }),
+                    None => return Ok(None),
+                },
                 None => RingChange::Add(self.node.clone()),
                 Some(node) if node.weight == 0 => match self.ring_store.drained_weight(id).await? {
                     Some(weight) => RingChange::SetWeight {
@@ -71,11 +89,15 @@ impl Presence {
     /// at start, and again after a takeover revoked it, whether the node
     /// lived through it (its store cut off, or frozen) or was started again
     /// while it was taken over. Either way the takeover's epoch removed
-    /// the node, and the lease is taken only once that ring is adopted, so
-    /// the join finds it out and adds it back, warm like any join. An
-    /// operator's plain `ring remove` leaves the lease alone, so a node
-    /// being retired is not added back. Until `stop`.
+    /// the node and remembered its weight (`admin::take_over`), and the
+    /// lease is taken only once that ring is adopted, so the join finds it
+    /// out and adds it back at that weight, warm like any join. A node an
+    /// operator removed (`ring remove`, or `--force`) has no weight
+    /// remembered, and is not added back, even if a takeover revokes its
+    /// lease later (found in review: one frozen after a plain removal was
+    /// added back). Until `stop`.
     pub async fn keep(&self, mut takes: watch::Receiver<u64>, stop: &CancellationToken) {
+        let mut again = false;
         loop {
             tokio::select! {
                 changed = takes.changed() => if changed.is_err() { return },
@@ -83,7 +105,7 @@ impl Presence {
             }
             // A ring store that fails now is tried again, not given up.
             loop {
-                match self.join(stop).await {
+                match self.join_as(again, stop).await {
                     Ok(_) => break,
                     Err(AdminError::Store(e)) => {
                         tracing::warn!(error = %e, "cannot join the ring yet; trying again");
@@ -98,6 +120,7 @@ impl Presence {
                     () = stop.cancelled() => return,
                 }
             }
+            again = true;
         }
     }
 
@@ -315,8 +338,8 @@ mod tests {
     /// Issue 53: `--join-weight` joined once, at start. A node its backup
     /// took over (alive through a store outage, or started again during
     /// the takeover) then held its lease out of the ring for good. Now it
-    /// joins each time it takes its lease; an operator's plain removal,
-    /// which leaves the lease alone, is not undone.
+    /// joins each time it takes its lease, at the weight the takeover
+    /// remembered; an operator's removal is not undone.
     #[tokio::test(start_paused = true)]
     async fn a_node_taken_out_of_the_ring_joins_again_when_it_takes_its_lease() {
         let ring = Arc::new(MemoryRingStore::default());
@@ -334,10 +357,12 @@ mod tests {
         assert_eq!(weight(&ring.load().await.unwrap(), "a"), Some(100));
         serve(&ring).await;
 
-        // A takeover's epoch removes it; its lease is taken again once that
-        // ring is adopted.
+        // A takeover's epoch removes it and remembers its weight
+        // (`admin::take_over`); its lease is taken again once that ring is
+        // adopted.
         let remove = RingChange::Remove { node: "a".into() };
         admin::change(&*ring, remove.clone()).await.unwrap();
+        ring.set_drained_weight("a", Some(100)).await.unwrap();
         serve(&ring).await;
         taken.send_modify(|n| *n += 1);
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -348,9 +373,13 @@ mod tests {
         );
         serve(&ring).await;
 
-        // An operator's removal: the lease is not taken again.
+        assert_eq!(ring.drained_weight("a").await.unwrap(), None);
+
+        // An operator's removal remembers no weight: not added back, even
+        // should a takeover revoke its lease later (found in review).
         admin::change(&*ring, remove).await.unwrap();
         serve(&ring).await;
+        taken.send_modify(|n| *n += 1);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(weight(&ring.load().await.unwrap(), "a"), None);
         stop.cancel();

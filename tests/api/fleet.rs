@@ -1124,7 +1124,9 @@ async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner
             "test",
         ),
     );
-    let taken = admin::take_over(&*ring, &peers, "b", "x").await.unwrap();
+    let taken = admin::take_over(&*ring, &peers, "b", "x", true)
+        .await
+        .unwrap();
     assert!(taken.ring.epoch() > record.ring.epoch() && taken.released.contains("x"));
     let before = asked.load(Ordering::SeqCst);
     served(&ring, taken.ring.epoch()).await;

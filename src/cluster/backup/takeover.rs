@@ -275,7 +275,7 @@ impl Takeover {
                     store: &*self.ring_store,
                     hold: &hold,
                 };
-                match admin::take_over(&store, peers, self.member.id(), node).await {
+                match admin::take_over(&store, peers, self.member.id(), node, true).await {
                     Err(AdminError::Store(e)) if hold.holds() => {
                         tracing::warn!(node, error = %e, "cannot make the takeover's epoch yet; trying again");
                         tokio::time::sleep(RETRY_EPOCH).await;
