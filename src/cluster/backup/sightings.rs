@@ -155,14 +155,15 @@ mod tests {
         margin: Duration::from_secs(1),
     };
 
-    /// A lease renewed on time is never seen lapsed; once its renewals
-    /// stop, it is seen lapsed no sooner than the lease plus its margin
-    /// after the last one, and not much later.
-    #[tokio::test(start_paused = true)]
-    async fn a_lease_is_seen_lapsed_only_a_lapse_after_its_last_renewal() {
-        let store = Arc::new(MemoryRingStore::default());
-        let backups = Backups::new();
-        let stream = backups.open("x", "i1", "t");
+    /// Sightings tracking `backups`' nodes in `store`, and what stops them.
+    fn tracked(
+        store: &Arc<MemoryRingStore>,
+        backups: &Arc<Backups>,
+    ) -> (
+        Arc<Sightings>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
         let sightings = Arc::new(Sightings::default());
         let stop = CancellationToken::new();
         let tracking = tokio::spawn({
@@ -174,11 +175,27 @@ mod tests {
             );
             async move { sightings.track(&backups, &*store, LEASE, stop).await }
         });
-        let record = |renewals| LeaseRecord {
+        (sightings, stop, tracking)
+    }
+
+    /// x's lease record after `renewals` renewals, naming copy `t`.
+    fn record(renewals: u64) -> LeaseRecord {
+        LeaseRecord {
             holder: "x's incarnation".to_owned(),
             renewals,
             backup: "t".to_owned(),
-        };
+        }
+    }
+
+    /// A lease renewed on time is never seen lapsed; once its renewals
+    /// stop, it is seen lapsed no sooner than the lease plus its margin
+    /// after the last one, and not much later.
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_seen_lapsed_only_a_lapse_after_its_last_renewal() {
+        let store = Arc::new(MemoryRingStore::default());
+        let backups = Backups::new();
+        let stream = backups.open("x", "i1", "t");
+        let (sightings, stop, tracking) = tracked(&store, &backups);
         let mut seen = None;
         for renewals in 0..20 {
             let next = record(renewals);
@@ -212,22 +229,7 @@ mod tests {
         let backups = Backups::new();
         let stream = backups.open("x", "i1", "t");
         backups.broke("x", stream);
-        let sightings = Arc::new(Sightings::default());
-        let stop = CancellationToken::new();
-        let tracking = tokio::spawn({
-            let (sightings, backups, store, stop) = (
-                sightings.clone(),
-                backups.clone(),
-                store.clone(),
-                stop.clone(),
-            );
-            async move { sightings.track(&backups, &*store, LEASE, stop).await }
-        });
-        let record = |renewals| LeaseRecord {
-            holder: "x's incarnation".to_owned(),
-            renewals,
-            backup: "t".to_owned(),
-        };
+        let (sightings, stop, tracking) = tracked(&store, &backups);
         let mut seen = None;
         let mut renew = async |renewals| {
             let next = record(renewals);
