@@ -119,19 +119,28 @@ async fn with_a_sync_gap_syncs_start_that_far_apart_and_a_change_after_a_quiet_o
     journal.close(false);
 }
 
-/// A full disk and a failing sync alike: the waiting changes fail, the
-/// journal refuses until the disk takes it again, and then what failed is
-/// written again whole, with nothing journaled before it lost.
-async fn a_failing_disk(fail: impl Fn(&super::disk::faulty::Faults, bool)) {
-    let dir = tempfile::tempdir().unwrap();
+/// A journal in `dir` on a disk that fails on command, holding user 1's
+/// change, durable; and the disk's faults.
+async fn one_change_on_a_faulty_disk(
+    dir: &std::path::Path,
+) -> (Arc<Journal>, Arc<super::disk::faulty::Faults>) {
     let disk = Arc::new(FaultyDisk::default());
     let faults = disk.faults();
-    let (journal, _) = open(config(dir.path()), disk);
+    let (journal, _) = open(config(dir), disk);
     append_one(&journal, 1);
     journal
         .durable(journal.appended())
         .await
         .expect("a good disk");
+    (journal, faults)
+}
+
+/// A full disk and a failing sync alike: the waiting changes fail, the
+/// journal refuses until the disk takes it again, and then what failed is
+/// written again whole, with nothing journaled before it lost.
+async fn a_failing_disk(fail: impl Fn(&super::disk::faulty::Faults, bool)) {
+    let dir = tempfile::tempdir().unwrap();
+    let (journal, faults) = one_change_on_a_faulty_disk(dir.path()).await;
 
     fail(&faults, true);
     append_one(&journal, 2);
@@ -178,14 +187,7 @@ async fn a_failing_sync_fails_the_waiting_changes_and_loses_nothing_journaled() 
 #[tokio::test]
 async fn a_segment_whose_write_failed_is_cut_back_to_its_last_sync() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = Arc::new(FaultyDisk::default());
-    let faults = disk.faults();
-    let (journal, _) = open(config(dir.path()), disk);
-    append_one(&journal, 1);
-    journal
-        .durable(journal.appended())
-        .await
-        .expect("a good disk");
+    let (journal, faults) = one_change_on_a_faulty_disk(dir.path()).await;
     let [first] = &segment_paths(dir.path())[..] else {
         panic!("one segment");
     };
