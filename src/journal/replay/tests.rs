@@ -143,18 +143,7 @@ fn damage_at_the_end_of_a_segment_that_is_not_the_newest_is_corruption() {
     );
     flip_last_bit(sealed);
 
-    let error = read_dir(dir.path(), false).unwrap_err();
-    let JournalError::Corrupt {
-        file, offset: at, ..
-    } = &error
-    else {
-        panic!("{error:?}");
-    };
-    assert_eq!((file, *at), (sealed, offset as u64));
-    assert!(
-        error.to_string().contains("--journal-skip-corrupt"),
-        "{error}"
-    );
+    refused_as_corrupt(dir.path(), sealed, offset as u64);
     assert_eq!(std::fs::metadata(sealed).unwrap().len(), whole, "cut");
 
     let replayed = read_dir(dir.path(), true).unwrap();
@@ -215,18 +204,7 @@ fn a_corrupt_record_with_good_ones_after_it_stops_the_start_naming_file_and_offs
     bytes[offset + record::HEADER + 3] ^= 0xff;
     std::fs::write(&segment, &bytes).unwrap();
 
-    let error = read_dir(dir.path(), false).unwrap_err();
-    let JournalError::Corrupt {
-        file, offset: at, ..
-    } = &error
-    else {
-        panic!("{error:?}");
-    };
-    assert_eq!((file, *at), (&segment, offset as u64));
-    assert!(
-        error.to_string().contains("--journal-skip-corrupt"),
-        "{error}"
-    );
+    refused_as_corrupt(dir.path(), &segment, offset as u64);
 
     let replayed = read_dir(dir.path(), true).unwrap();
     assert_eq!(acked(&replayed, 1), None, "lost with the skipped bytes");
@@ -290,4 +268,23 @@ fn a_write_journaled_again_reads_back_the_same() {
     let mut read = users.remove(&42).expect("the user");
     read.read_states.sort_by_key(|s| s.channel_id);
     assert_eq!(read, write);
+}
+
+/// Replaying `dir` without `--journal-skip-corrupt` stops at `file`'s
+/// `offset` as corrupt, and says how to go on.
+fn refused_as_corrupt(dir: &std::path::Path, file: &std::path::Path, offset: u64) {
+    let error = read_dir(dir, false).unwrap_err();
+    let JournalError::Corrupt {
+        file: at_file,
+        offset: at,
+        ..
+    } = &error
+    else {
+        panic!("{error:?}");
+    };
+    assert_eq!((at_file.as_path(), *at), (file, offset));
+    assert!(
+        error.to_string().contains("--journal-skip-corrupt"),
+        "{error}"
+    );
 }
