@@ -7,7 +7,9 @@
 //! [`record`]); one writer thread ([`writer`]) writes and syncs whatever was
 //! appended since its last round; a request then waits until the journal is
 //! durable up to where it was when its change was made
-//! ([`Journal::durable`]). The trimmer ([`Trimmer`]) deletes the sealed
+//! ([`Journal::durable`]). Bulk (a handoff's users, [`Journal::append_bulk`])
+//! waits in a queue of its own and goes a slice a batch, so that a change
+//! never waits for more than a slice of it. The trimmer ([`Trimmer`]) deletes the sealed
 //! segments whose every change the store holds. At start, [`replay`] reads
 //! what a crash left, once [`lock`] has the directory to itself. A fleet
 //! node also hands each batch to a [`Replica`] on another node (its backup,
@@ -210,6 +212,9 @@ struct Shared {
     sealed: Mutex<VecDeque<Sealed>>,
     /// Where batches are copied, once set.
     replica: OnceLock<Arc<dyn Replica>>,
+    /// Bulk bytes the writer took so far, and where the journal ended once
+    /// it had (see [`Journal::bulk_end`]).
+    bulk_taken: watch::Sender<(u64, u64)>,
 }
 
 #[derive(Debug, Default)]
@@ -220,6 +225,11 @@ struct Appending {
     /// The writer waits for appends: the next one wakes it (a wake is a
     /// system call, not paid on every append).
     writer_waiting: bool,
+    /// Bulk frames not taken yet, oldest first: they have no place in the
+    /// journal until the writer takes them (see [`Journal::append_bulk`]).
+    bulk: VecDeque<Vec<u8>>,
+    /// Bulk bytes ever appended.
+    bulk_appended: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -265,6 +275,7 @@ impl Journal {
             }),
             healthy: AtomicBool::new(true),
             replica: OnceLock::new(),
+            bulk_taken: watch::Sender::new((0, start)),
         });
         let writer = {
             let (shared, dir) = (shared.clone(), shared.config.dir.clone());
@@ -317,6 +328,47 @@ impl Journal {
             journal: opened.then_some(self),
             not_send: std::marker::PhantomData,
         }
+    }
+
+    /// Appends one entry that may wait (a user a handoff brings, see
+    /// `crate::cache::handoff`): it waits in a queue of its own, and the
+    /// writer adds at most a slice of that queue to each batch, after the
+    /// changes appended meanwhile, so that a change made after a handoff's
+    /// tens of megabytes is answered after a slice of them, not all. A bulk
+    /// entry has no place in the journal (no sequence number) until taken:
+    /// wait for it with [`Journal::bulk_end`]. Replay takes records in any
+    /// order (the higher version wins), so the order between the queues
+    /// does not matter.
+    pub fn append_bulk(&self, encode: impl FnOnce(&mut Vec<u8>)) {
+        let mut frame = Vec::new();
+        record::frame(&mut frame, encode);
+        let mut appending = self.shared.lock_appending();
+        appending.bulk_appended += frame.len() as u64;
+        appending.bulk.push_back(frame);
+        let wake = std::mem::take(&mut appending.writer_waiting);
+        drop(appending);
+        if wake {
+            self.shared.appended_more.notify_one();
+        }
+    }
+
+    /// Where the journal ends once the writer has taken every bulk entry
+    /// appended before this call (and every other entry: at least
+    /// [`Journal::appended`]): wait for [`Journal::durable`] of it.
+    pub async fn bulk_end(&self) -> u64 {
+        let appended = self.shared.lock_appending().bulk_appended;
+        let mut taken = self.shared.bulk_taken.subscribe();
+        // Never closed: the sender lives in `self.shared`.
+        let end = match taken.wait_for(|(bytes, _)| *bytes >= appended).await {
+            Ok(taken) => taken.1,
+            Err(_) => u64::MAX,
+        };
+        end.max(self.appended())
+    }
+
+    /// Bulk bytes appended so far (taken or not).
+    pub fn bulk_appended(&self) -> u64 {
+        self.shared.lock_appending().bulk_appended
     }
 
     fn id(&self) -> usize {

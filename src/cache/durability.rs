@@ -98,4 +98,17 @@ impl Cache {
             reason: e.to_string(),
         })
     }
+
+    /// [`Cache::journaled`], and every user a handoff installed so far too
+    /// (journaled as bulk, see [`Journal::append_bulk`]): what a handoff
+    /// waits for before it completes.
+    pub async fn handed_in_journaled(&self) -> Result<(), Error> {
+        let Some(journal) = self.journal.get() else {
+            return Ok(());
+        };
+        let end = journal.bulk_end().await;
+        (journal.durable(end).await).map_err(|e| Error::JournalFailed {
+            reason: e.to_string(),
+        })
+    }
 }

@@ -160,17 +160,20 @@ impl Cache {
                 for user in users {
                     self.with_shard(self.shard_of(user.user_id), |shard| {
                         // Its unwritten changes are this node's to keep now:
-                        // journaled (the handoff completes once they are
-                        // durable, see `Cache::journaled`), under the lock,
-                        // so a re-journal for a new backup either finds the
-                        // user installed or runs before this entry.
+                        // journaled as bulk, behind the changes being
+                        // answered (the handoff completes once they are
+                        // durable, see `Cache::handed_in_journaled`), under
+                        // the lock, so a re-journal for a new backup either
+                        // finds the user installed or runs before this
+                        // entry takes its place.
                         if let Some(journal) = self.journal.get()
                             && user.states.version() > user.states.written_version()
                         {
                             let states = &user.states;
                             let (since, view) = (states.written_version(), states.view());
-                            journal
-                                .append(|out| record::append_user(out, user.user_id, since, view));
+                            journal.append_bulk(|out| {
+                                record::append_user(out, user.user_id, since, view);
+                            });
                         }
                         shard.install(user, write_delay);
                     });

@@ -687,14 +687,14 @@ async fn a_handed_in_user_is_journaled_under_its_shards_lock() {
         states,
         unwritten_for: None,
     };
-    let before = journal.appended();
+    let before = journal.bulk_appended();
     let (installer, journaled_while_locked) = cache.with_shard(cache.shard_of(7), |_| {
         let installer = std::thread::spawn({
             let cache = cache.clone();
             move || cache.install(Chunk::Users(vec![handed]))
         });
         std::thread::sleep(Duration::from_millis(200));
-        (installer, journal.appended() - before)
+        (installer, journal.bulk_appended() - before)
     });
     assert_eq!(
         journaled_while_locked, 0,
@@ -702,9 +702,130 @@ async fn a_handed_in_user_is_journaled_under_its_shards_lock() {
     );
     assert_eq!(installer.join().unwrap(), 1);
     assert!(
-        journal.appended() > before,
+        journal.bulk_appended() > before,
         "a handed-in change is journaled"
     );
+}
+
+/// `count` users from `first` on, each with `rows` channels acked and
+/// none of it written: what a handoff brings.
+fn handed_users(first: u64, count: u64, rows: u64) -> Vec<crate::cache::handoff::HandedUser> {
+    (first..first + count)
+        .map(|user_id| {
+            let mut states = crate::read_state::UserReadStates::default();
+            for channel_id in 1..=rows {
+                states.ack(Key::channel(channel_id), 100, crate::clock::now_micros());
+            }
+            crate::cache::handoff::HandedUser {
+                user_id,
+                states,
+                unwritten_for: Some(Duration::from_secs(1)),
+            }
+        })
+        .collect()
+}
+
+/// Found at half load (issue 54): a handoff's users were journaled in line
+/// with the changes being answered, so a change made on the receiver while
+/// it installed tens of megabytes waited for all of them to be synced (and
+/// held by its backup), seconds at half load. Now a change waits for at
+/// most a slice of them. Fails with the handed-in users journaled by
+/// `Journal::append`: the sync that answers the ack takes all 4 MB.
+#[tokio::test]
+async fn a_change_made_while_a_handoff_is_installed_waits_for_a_slice_of_it_not_all() {
+    use crate::cache::handoff::Chunk;
+
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Arc::new(FaultyDisk::default());
+    let faults = disk.faults();
+    // Rounds 300 ms apart: what the first one took is still all that is
+    // taken when the ack is answered.
+    let gapped = JournalConfig {
+        sync_gap: Duration::from_millis(300),
+        ..config(dir.path())
+    };
+    let (journal, replayed) = open(gapped, disk);
+    let cache = Cache::new(
+        cache_config(),
+        Arc::new(crate::store::memory::MemoryStore::new()),
+    );
+    cache.replay(replayed);
+    cache.set_journal(journal.clone());
+    // The writer waits in a sync while the handoff and the ack arrive.
+    faults.hold();
+    append_one(&journal, 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let taken = journal.taken();
+    for chunk in 0..16 {
+        cache.install(Chunk::Users(handed_users(1_000 + chunk * 100, 100, 60)));
+    }
+    let handed = journal.bulk_appended();
+    assert!(handed > 4 << 20, "the handoff journaled {handed} bytes");
+    // Answered once durable (`Cache::update` waits for it).
+    let answered = tokio::spawn({
+        let cache = cache.clone();
+        async move { ack(&cache, 1, 10, 100).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    faults.release();
+    answered.await.unwrap();
+    let with_the_ack = journal.taken() - taken;
+    assert!(
+        with_the_ack < 1 << 20,
+        "the ack waited for {with_the_ack} bytes of a {handed}-byte handoff"
+    );
+    // The handoff completes once all of it is durable.
+    cache.handed_in_journaled().await.expect("durable");
+    assert!(journal.taken() - taken >= handed);
+    journal.close(false);
+    let (_, replayed) = Journal::open(config(dir.path()), Arc::new(Fs)).unwrap();
+    assert_eq!(
+        replayed.users.len(),
+        1 + 1_600,
+        "every handed-in user replays"
+    );
+}
+
+/// A replica that holds what it is told to (see [`Journal::replicated`]).
+#[derive(Debug, Default)]
+struct SilentReplica;
+
+impl Replica for SilentReplica {
+    fn batch(&self, _frames: &[u8], _end: u64) {}
+    fn trimmed(&self, _through: u64) {}
+}
+
+/// Bulk goes to the replica no faster than it holds it: queued at the
+/// replica, it would delay the changes appended after it as surely as at
+/// the disk.
+#[tokio::test]
+async fn bulk_is_taken_only_as_fast_as_the_replica_holds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (journal, _) = open(config(dir.path()), Arc::new(Fs));
+    journal.set_replica(Arc::new(SilentReplica));
+    journal.replicated(journal.taken());
+    for user in handed_users(1, 2_000, 30) {
+        let view = user.states.view();
+        journal.append_bulk(|out| record::append_user(out, user.user_id, 0, view));
+    }
+    let handed = journal.bulk_appended();
+    assert!(handed > 1 << 20, "{handed} bytes");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let taken = journal.shared.bulk_taken.borrow().0;
+    assert!(
+        (1..=2 * writer::BULK_SLICE).contains(&taken),
+        "{taken} bulk bytes taken while the replica held none of them"
+    );
+    // A change appended now still takes its place at once.
+    append_one(&journal, 1);
+    let upto = journal.appended();
+    assert!(journal.shared.bulk_taken.borrow().0 <= 2 * writer::BULK_SLICE);
+    journal.replicated(u64::MAX);
+    journal.durable(upto).await.expect("durable");
+    let end = journal.bulk_end().await;
+    journal.durable(end).await.expect("durable");
+    assert_eq!(journal.shared.bulk_taken.borrow().0, handed);
+    journal.close(false);
 }
 
 /// Found by the failover simulation, with a slow store: a node started

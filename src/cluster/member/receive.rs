@@ -145,7 +145,7 @@ impl Member {
                 }
                 Part::Done { users } if users == installed => {
                     // What it holds unwritten is this node's to keep.
-                    if let Err(e) = self.inner.cache.journaled().await {
+                    if let Err(e) = self.inner.cache.handed_in_journaled().await {
                         break Err(Error::HandoffBroken(e.to_string()));
                     }
                     let mut handed_in = self.handed_in();
