@@ -215,6 +215,8 @@ struct Shared {
     /// Bulk bytes the writer took so far, and where the journal ended once
     /// it had (see [`Journal::bulk_end`]).
     bulk_taken: watch::Sender<(u64, u64)>,
+    /// The writer waits with bulk held back for the replica.
+    bulk_held: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -276,6 +278,7 @@ impl Journal {
             healthy: AtomicBool::new(true),
             replica: OnceLock::new(),
             bulk_taken: watch::Sender::new((0, start)),
+            bulk_held: AtomicBool::new(false),
         });
         let writer = {
             let (shared, dir) = (shared.clone(), shared.config.dir.clone());
@@ -390,7 +393,7 @@ impl Journal {
     }
 
     /// Where the journal ends now: everything appended before this call is
-    /// at or below it.
+    /// at or below it, but bulk not taken yet (see [`Journal::bulk_end`]).
     pub fn appended(&self) -> u64 {
         self.shared.appended.load(Ordering::Acquire)
     }
@@ -444,6 +447,12 @@ impl Journal {
             d.replicated = held;
             d.answerable() > before
         });
+        // Bulk held back until the replica had the last of it goes on now.
+        if self.shared.bulk_held.load(Ordering::Acquire)
+            && held >= self.shared.bulk_taken.borrow().1
+        {
+            self.shared.appended_more.notify_one();
+        }
     }
 
     /// Copies every batch taken from now on to `replica` too; set once.

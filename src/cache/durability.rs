@@ -88,7 +88,9 @@ impl Cache {
     }
 
     /// Waits until every change applied so far (the caller's among them) is
-    /// durable in the journal, if there is one.
+    /// durable in the journal, if there is one: not the users a handoff
+    /// under way installed (see [`Cache::handed_in_journaled`]), which are
+    /// neither served nor changed here until it completes.
     pub async fn journaled(&self) -> Result<(), Error> {
         let Some(journal) = self.journal.get() else {
             return Ok(());

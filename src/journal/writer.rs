@@ -24,8 +24,9 @@ const IDLE: Duration = Duration::from_millis(500);
 /// on a cloud disk a quarter of a megabyte adds about a millisecond to a
 /// sync, and a handoff's 20 MB go in under a hundred batches.
 pub(super) const BULK_SLICE: u64 = 256 << 10;
-/// How often a writer holding bulk back for the replica looks again.
-const BULK_PACE: Duration = Duration::from_millis(1);
+/// How often a writer holding bulk back for the replica looks again, if
+/// the replica's acknowledgement does not wake it first.
+const BULK_PACE: Duration = Duration::from_millis(5);
 /// How long a failing disk rests between tries.
 const RETRY: Duration = Duration::from_secs(1);
 
@@ -141,23 +142,23 @@ fn rest(shared: &Shared, until: Instant) {
 /// the journal is closing.
 fn next_batch(shared: &Shared, retrying: bool) -> (Vec<u8>, u64, u64, bool) {
     let mut appending = shared.lock_appending();
-    let mut room = bulk_room(shared, appending.stop);
+    let mut room = bulk_room(shared, appending.stop || retrying);
     let idle = |a: &super::Appending, room: u64| {
         a.buffer.is_empty() && (a.bulk.is_empty() || room == 0) && !a.stop && !retrying
     };
     if idle(&appending, room) {
         appending = match shared.config.mode {
             JournalMode::Sync => {
-                // Bulk held back for the replica is looked at again soon.
-                let wait = if appending.bulk.is_empty() {
-                    IDLE
-                } else {
-                    BULK_PACE
-                };
+                // Bulk held back for the replica is looked at again when it
+                // acknowledges (see `Journal::replicated`), or soon.
+                let held = !appending.bulk.is_empty();
+                let wait = if held { BULK_PACE } else { IDLE };
                 appending.writer_waiting = true;
+                shared.bulk_held.store(held, Ordering::Release);
                 let mut appending = (shared.appended_more.wait_timeout(appending, wait))
                     .unwrap_or_else(|p| p.into_inner())
                     .0;
+                shared.bulk_held.store(false, Ordering::Release);
                 appending.writer_waiting = false;
                 room = bulk_room(shared, appending.stop);
                 appending
@@ -191,16 +192,19 @@ fn next_batch(shared: &Shared, retrying: bool) -> (Vec<u8>, u64, u64, bool) {
 }
 
 /// How many bulk bytes the next batch may take: a slice, once the replica
-/// (if any) holds all but a slice of what was taken, so that bulk queues
+/// (if any) holds the last batch that took bulk, so that bulk queues
 /// neither at the disk nor at the replica in front of the changes appended
-/// after it; everything when closing, or when no change waits for a sync.
-fn bulk_room(shared: &Shared, closing: bool) -> u64 {
-    if closing || shared.config.mode != JournalMode::Sync {
+/// after it (paced on bulk's own batches, not on what the replica lags
+/// behind the changes: bulk would starve under load, and a handoff with
+/// it); everything when closing or retrying a failed batch (the disk is
+/// the wait then), or when no change waits for a sync.
+fn bulk_room(shared: &Shared, all: bool) -> u64 {
+    if all || shared.config.mode != JournalMode::Sync {
         return u64::MAX;
     }
     let replicated = shared.durable.borrow().replicated;
-    let taken = shared.taken.load(Ordering::Acquire);
-    if taken.saturating_sub(replicated) > BULK_SLICE {
+    let last_bulk = shared.bulk_taken.borrow().1;
+    if replicated < last_bulk {
         0
     } else {
         BULK_SLICE
