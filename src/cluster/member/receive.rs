@@ -122,6 +122,7 @@ impl Member {
             armed: true,
         };
         let mut installed = 0;
+        let started = tokio::time::Instant::now();
         let result = loop {
             let part = match parts.next().await {
                 Some(Ok(part)) => part,
@@ -145,9 +146,18 @@ impl Member {
                 }
                 Part::Done { users } if users == installed => {
                     // What it holds unwritten is this node's to keep.
+                    let done = tokio::time::Instant::now();
                     if let Err(e) = self.inner.cache.handed_in_journaled().await {
                         break Err(Error::HandoffBroken(e.to_string()));
                     }
+                    tracing::info!(
+                        epoch = handoff.epoch,
+                        from = %handoff.from,
+                        users = installed,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        journaled_ms = done.elapsed().as_millis() as u64,
+                        "handed in"
+                    );
                     let mut handed_in = self.handed_in();
                     if let Err(e) = self.receiving(&handoff) {
                         break Err(e);
