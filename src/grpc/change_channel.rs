@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use super::by_channel;
-use super::route::{EPOCH, HOLD, Router};
+use super::route::{EPOCH, HOLD, PASSED_ON, Router};
 use super::validate;
 use crate::cache::Cache;
 use crate::channel_state::ChannelState;
@@ -73,7 +73,7 @@ impl Router {
         for _ in 0..2 {
             let answer = match self.destination(channel_id) {
                 None => self.change_here(cache, &request, until).await,
-                Some(owner) => self.ask_owner(&owner, request, until).await,
+                Some(owner) => self.ask_owner(&owner, request, until, false).await,
             };
             match answer {
                 Ok(answer) => {
@@ -103,6 +103,41 @@ impl Router {
         Err(refusal.unwrap_or_else(|| Status::unavailable("the channel's owner refused")))
     }
 
+    /// `Fleet.ChangeChannel` at the owner its asker's ring names, this
+    /// node: while it acquires the channel's slot, made at the previous
+    /// owner, which serves the slot until it starts releasing it (unless
+    /// the request was passed on already), and held here only if that one
+    /// does not make it; else as [`Router::change_here`]. Channels are not
+    /// handed over (the new owner loads them once the old one has written
+    /// them): held here from the start, a message of a channel whose slot
+    /// moves waited for the whole handoff of the slot's users, the longest
+    /// requests of a move at 3,000/s (issue 54). Made again here after the
+    /// previous owner made it (its answer lost), it counts nothing twice:
+    /// the channel remembers the message.
+    pub async fn change_as_owner(
+        &self,
+        cache: &Cache,
+        request: ChangeChannelRequest,
+        until: Option<Instant>,
+        passed_on: bool,
+    ) -> Result<ChangeChannelResponse, Status> {
+        let channel_id = request.channel_id;
+        let previous = self.destination(channel_id);
+        let acquiring = self.member.ownership().state_of(channel_id) == SlotState::Acquiring;
+        if let Some(previous) = previous.filter(|_| acquiring && !passed_on) {
+            // At most a hold's time: a previous owner that does not answer
+            // (frozen, cut off) leaves the request to wait here instead.
+            let hold = Instant::now() + HOLD;
+            let within = Some(until.map_or(hold, |until| until.min(hold)));
+            match self.ask_owner(&previous, request, within, true).await {
+                Ok(answer) => return Ok(answer),
+                Err(status) if status.code() == Code::InvalidArgument => return Err(status),
+                Err(_) => {}
+            }
+        }
+        self.change_here(cache, &request, until).await
+    }
+
     /// The owner's part, here: held while this node acquires the channel's
     /// slot, refused (UNAVAILABLE, with the owner) if it does not serve it.
     pub async fn change_here(
@@ -124,12 +159,14 @@ impl Router {
         })
     }
 
-    /// `Fleet.ChangeChannel` at `owner`, within what is left until `until`.
+    /// `Fleet.ChangeChannel` at `owner`, within what is left until `until`;
+    /// `passed_on` by this node, acquiring the slot, to its previous owner.
     async fn ask_owner(
         &self,
         owner: &str,
         request: ChangeChannelRequest,
         until: Option<Instant>,
+        passed_on: bool,
     ) -> Result<ChangeChannelResponse, Status> {
         let record = self.member.ring();
         let node = (record.ring.node(owner)).or_else(|| record.previous.node(owner));
@@ -141,6 +178,10 @@ impl Router {
             .channel(&node.address)
             .map_err(Status::unavailable)?;
         let mut call = self.peers.request(request);
+        if passed_on {
+            call.metadata_mut()
+                .insert(PASSED_ON, tonic::metadata::MetadataValue::from_static("1"));
+        }
         call.set_timeout(until.map_or(CHANGE_TIMEOUT, |until| {
             until.saturating_duration_since(Instant::now())
         }));

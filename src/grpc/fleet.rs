@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::node_calls::NodeCalls;
-use super::route::Router;
+use super::route::{Hop, Router};
 use super::validate;
 use crate::channel_state::ChannelState;
 use crate::clock;
@@ -85,17 +85,23 @@ impl Fleet for FleetService {
         }))
     }
 
-    /// Applied here if this node serves the channel's slot; held while it
-    /// acquires it; refused (UNAVAILABLE, with the owner) otherwise.
+    /// Applied here if this node serves the channel's slot; while it
+    /// acquires it, made at the previous owner, or held here (see
+    /// [`Router::change_as_owner`]); refused (UNAVAILABLE, with the owner)
+    /// otherwise.
     async fn change_channel(
         &self,
         request: Request<ChangeChannelRequest>,
     ) -> Result<Response<ChangeChannelResponse>, Status> {
         let until = super::deadline::budget(request.metadata())
             .map(|budget| tokio::time::Instant::now() + budget);
+        let passed_on = Hop::of(request.metadata()) == Hop::PassedOn;
         let request = request.into_inner();
         let cache = self.router.member.cache();
-        (self.router.change_here(cache, &request, until).await).map(Response::new)
+        let answer = self
+            .router
+            .change_as_owner(cache, request, until, passed_on);
+        answer.await.map(Response::new)
     }
 
     async fn copy_channels(

@@ -29,10 +29,13 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::fleet::{adopted, first_read_state, reweigh};
 use crate::helpers::{TestApp, as_node, spawn_member, test_config};
 
-/// A stand-in for an old owner "x": answers ReleaseSlots once told to.
+/// A stand-in for an old owner "x": answers ReleaseSlots once told to, and
+/// makes the channel changes it is asked for (it still serves them),
+/// counting those passed on to it.
 #[derive(Clone)]
 struct FakeX {
     release: watch::Receiver<bool>,
+    passed_on: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[tonic::async_trait]
@@ -67,9 +70,17 @@ impl Fleet for FakeX {
     }
     async fn change_channel(
         &self,
-        _request: Request<ChangeChannelRequest>,
+        request: Request<ChangeChannelRequest>,
     ) -> Result<Response<ChangeChannelResponse>, Status> {
-        Err(Status::unimplemented("fake"))
+        if request.metadata().contains_key("x-readstates-passed-on") {
+            (self.passed_on).fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        Ok(Response::new(ChangeChannelResponse {
+            counted: true,
+            changed: true,
+            holds: true,
+            state: None,
+        }))
     }
     async fn copy_channels(
         &self,
@@ -119,6 +130,8 @@ struct Acquiring {
     epoch: u64,
     /// A user whose slot moves from x to b.
     user: u64,
+    /// Channel changes b passed on to x.
+    passed_on: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 async fn acquiring_from_a_stand_in() -> Acquiring {
@@ -126,12 +139,14 @@ async fn acquiring_from_a_stand_in() -> Acquiring {
     let ring = Arc::new(MemoryRingStore::default());
     // The fake old owner x.
     let (release_tx, release_rx) = watch::channel(false);
+    let passed_on = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let x_addr = listener.local_addr().unwrap();
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(FleetServer::new(FakeX {
                 release: release_rx,
+                passed_on: passed_on.clone(),
             }))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
@@ -171,7 +186,48 @@ async fn acquiring_from_a_stand_in() -> Acquiring {
         release: release_tx,
         epoch,
         user,
+        passed_on,
     }
+}
+
+/// Found at 3,000/s (issue 54): a message of a channel counted by channel
+/// whose slot moved was held by the new owner from the start of the move
+/// until it had acquired the slot (the whole handoff of the slot's users,
+/// a second or more), while the previous owner still served the channel.
+/// The new owner passes it on to the previous owner instead. With the old
+/// handler the change waits out the hold (2 s) and is refused.
+#[tokio::test]
+async fn a_channel_change_for_a_slot_being_acquired_is_made_by_its_previous_owner() {
+    let fleet = acquiring_from_a_stand_in().await;
+    let mut client = RawFleet::connect(format!("http://{}", fleet.b.addr))
+        .await
+        .unwrap();
+    let mut request = Request::new(ChangeChannelRequest {
+        channel_id: fleet.user,
+        message_id: 1_000,
+        deleted: false,
+    });
+    as_node(&mut request, "x");
+    request.set_timeout(Duration::from_secs(5));
+    let started = std::time::Instant::now();
+    let answer = client
+        .change_channel(request)
+        .await
+        .expect("made")
+        .into_inner();
+    assert!(answer.counted && answer.changed);
+    assert_eq!(
+        fleet.passed_on.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "made by x, passed on by b"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "answered after {:?}: held while b acquires",
+        started.elapsed()
+    );
+    // Still acquiring: x has not released the slot.
+    assert!(!*fleet.release.borrow());
 }
 
 async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
@@ -182,6 +238,7 @@ async fn stale_copy_ahead(ending: Ending) -> (u64, u64, u32) {
         release: release_tx,
         epoch,
         user,
+        ..
     } = acquiring_from_a_stand_in().await;
     // What x held of the user at its copy ahead: channel 1 acked to 5,
     // written (version 5).
