@@ -8,7 +8,11 @@
 # same rate with nothing moving, for what the moves add), for errors, latency,
 # how long moving slots were served nowhere, store loads, the cache hit
 # ratio and how long each ring change took to be served. The nodes keep the default 30 s write
-# delay: moved users carry the last 30 s of changes unwritten. Last, a node
+# delay: moved users carry the last 30 s of changes unwritten. Each moving
+# run says where the host's cores went (nodes, Cassandra, the rest). Then a
+# rolling restart of the three nodes under open-loop acks at the moving
+# rate (each drained, stopped, started again and given its weight back),
+# the acknowledged acks read back from Cassandra. Last, a node
 # killed (kill -9) and then one frozen for 20 s under open-loop acks at
 # FAULT_RATE (default: the moving rate), each summed up in one line with
 # the acknowledged acks lost, read back from Cassandra.
@@ -50,6 +54,31 @@ report = json.load(open(sys.argv[1]))
 before, after, hz = map(int, sys.argv[2:5])
 cpu = (after - before) / hz * 1e6 / max(report["requests"], 1)
 print(f"{report['throughput']:.0f} {report['latency']['p999_us'] / 1000:.1f} {cpu:.0f} {report['errors']}")
+PY
+}
+
+# cores: CPU ticks so far of the nodes, of Cassandra and of the whole host,
+# and the time (seconds).
+cores() {
+    local cassandra
+    cassandra=$(cat "${CASSANDRA_DIR:-target/cassandra}/cassandra.pid")
+    echo "$(cpu_ticks "${pids[@]}") $(cpu_ticks "$cassandra")" \
+        "$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat) $(date +%s.%N)"
+}
+
+# cores_line WHAT BEFORE AFTER: where the host's cores went between two
+# `cores` readings: this 2-core host runs the nodes, Cassandra and the load
+# generator at once, so a rate the nodes could take alone may not fit.
+cores_line() {
+    python3 - "$@" "$(getconf CLK_TCK)" "$(nproc)" <<'PY'
+import sys
+what, before, after, hz, ncpu = sys.argv[1:6]
+b, a = map(float, before.split()), map(float, after.split())
+nodes, cassandra, host, seconds = (y - x for x, y in zip(b, a))
+per = lambda ticks: ticks / int(hz) / seconds
+print(f"cores busy {what}: {per(host):.2f} of {ncpu} (nodes {per(nodes):.2f}, Cassandra "
+      f"{per(cassandra):.2f}, the rest, the load generator most of it, "
+      f"{per(host - nodes - cassandra):.2f})")
 PY
 }
 
@@ -104,7 +133,9 @@ rate="${MOVING_RATE:-$rate}"
 for route in cluster grpc; do
     drain
     # The same load with nothing moving, for what the moves add.
+    before=$(cores)
     measure "steady-$route" "$route://127.0.0.1:50201" 10s --rate "$rate" --skip-preload >/dev/null
+    steady_cores=$(cores_line "with nothing moving" "$before" "$(cores)")
     python3 - "$OUT/steady-$route.json" "$route" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
@@ -124,7 +155,9 @@ PY
         "$RS" ring "${common[@]}" set-weight n3 100 --wait 60s
     ) >"$OUT/ring.out" 2>&1 &
     mover=$!
+    before=$(cores)
     measure "moving-$route" "$route://127.0.0.1:50201" 20s --rate "$rate" --skip-preload >/dev/null
+    moving_cores=$(cores_line "while moving" "$before" "$(cores)")
     wait "$mover"
     read -r loads1 hits1 misses1 < <(counters)
     python3 - "$OUT/moving-$route.json" "$OUT" "$route" "$marks" \
@@ -164,7 +197,29 @@ print(f"store loads during the run: {loads1 - loads0:.0f}; cache hit ratio "
       f"{ratio(hits0, misses0):.1f}% before it, {ratio(hits1 - hits0, misses1 - misses0):.1f}% during it")
 PY
     grep "served by its owner" "$OUT/ring.out" | sed 's/^/ring change: /'
+    echo "$steady_cores; $moving_cores"
 done
+
+# A rolling restart under open-loop acks at the moving rate, as a deploy
+# makes it: each node in turn drained (weight 0, its users handed to the
+# others warm), stopped (SIGTERM), started again on its journal and given
+# its weight back. Every acknowledged ack is read back from Cassandra.
+drain
+"$LT" failover --entry 127.0.0.1:50201 --rate "$rate" --duration 60s --settle 40s \
+    --cassandra-nodes "${common[3]}" --keyspace "${common[5]}" --what "a rolling restart" \
+    >"$OUT/rolling.txt" &
+load=$!
+sleep 5
+for n in 1 2 3; do
+    "$RS" ring "${common[@]}" set-weight "n$n" 0 --wait 60s
+    kill -TERM "${pids[n - 1]}"
+    while kill -0 "${pids[n - 1]}" 2>/dev/null; do sleep 0.1; done
+    start_node "$n"
+    "$RS" ring "${common[@]}" set-weight "n$n" 100 --wait 60s
+done >"$OUT/rolling.out" 2>&1
+wait "$load"
+cat "$OUT/rolling.txt"
+grep "served by its owner" "$OUT/rolling.out" | sed 's/^/rolling restart, ring change: /'
 
 # A node lost for good, then one frozen for 20 s, each under open-loop acks
 # through the fleet client at FAULT_RATE a second (by default the moving

@@ -38,14 +38,23 @@ start_fleet() {
     # The nodes' shared secret (what they prove to each other with), one per run.
     export READSTATES_FLEET_SECRET="${READSTATES_FLEET_SECRET:-$(od -An -tx1 -N24 /dev/urandom | tr -d ' \n')}"
     pids=()
+    fleet_out=$out fleet_prefix=$prefix fleet_args=("$@")
     trap stop_fleet EXIT
     for n in $(seq 1 "$nodes"); do
-        READSTATES_JOURNAL_DIR="$out/journal-n$n" "$RS" serve "${common[@]}" --node-id "n$n" --advertise "127.0.0.1:$prefix$n" \
-            --listen "127.0.0.1:$prefix$n" --metrics-listen "127.0.0.1:9${prefix#50}$n" \
-            --log-format json "$@" 2>>"$out/n$n.log" &
-        pids+=($!)
+        start_node "$n"
     done
     sleep 2
+}
+
+# start_node N: starts node nN as start_fleet did (again, after it stopped:
+# same journal directory, same arguments), its pid in ${pids[N-1]}.
+start_node() {
+    local n=$1
+    READSTATES_JOURNAL_DIR="$fleet_out/journal-n$n" "$RS" serve "${common[@]}" --node-id "n$n" \
+        --advertise "127.0.0.1:$fleet_prefix$n" --listen "127.0.0.1:$fleet_prefix$n" \
+        --metrics-listen "127.0.0.1:9${fleet_prefix#50}$n" \
+        --log-format json "${fleet_args[@]}" 2>>"$fleet_out/n$n.log" &
+    pids[n - 1]=$!
 }
 
 stop_fleet() {
