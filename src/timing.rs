@@ -24,7 +24,9 @@ pub const TIMING: &str = "readstates-timing";
 pub enum Phase {
     /// Held on a node acquiring the user's slot, until it serves it.
     Hold,
-    /// Sent on to the user's owner (or a previous owner), to its answer.
+    /// Sent on to the user's owner (or a previous owner), or to a
+    /// channel's owner for its change, to its answer; summed over the parts
+    /// of a request of many users sent to several nodes at once.
     Forward,
     /// A user loaded from the store on a miss.
     Load,

@@ -21,6 +21,7 @@ use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::fleet_client::FleetClient;
 use crate::proto::{ChangeChannelRequest, ChangeChannelResponse};
+use crate::timing::{self, Phase};
 
 /// How long a call to a channel's owner may take without a deadline of the
 /// request's own.
@@ -185,7 +186,8 @@ impl Router {
         call.set_timeout(until.map_or(CHANGE_TIMEOUT, |until| {
             until.saturating_duration_since(Instant::now())
         }));
-        match FleetClient::new(channel).change_channel(call).await {
+        let mut owner = FleetClient::new(channel);
+        match timing::measure(Phase::Forward, owner.change_channel(call)).await {
             Ok(answer) => Ok(answer.into_inner()),
             // Never processed there (a node going away refuses what it has
             // not taken): not applied.

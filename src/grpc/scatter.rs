@@ -21,6 +21,7 @@ use super::route::{EPOCH, HOLD, Hop, Router, not_applied, pass_on_budget};
 use crate::error::Error;
 use crate::ownership::SlotState;
 use crate::proto::{ChangeChannelRequest, ChannelTaken};
+use crate::timing::{self, Phase};
 
 /// How to split one kind of request and put its answers together.
 pub trait Scatter: Forward {
@@ -99,9 +100,11 @@ impl Router {
                             }
                             Err(error) => Outcome::Failed(error.into()),
                         },
-                        Some(owner) => match self
-                            .send(&owner, part, hop, pass_on_budget(hop, left))
-                            .await
+                        Some(owner) => match timing::measure(
+                            Phase::Forward,
+                            self.send(&owner, part, hop, pass_on_budget(hop, left)),
+                        )
+                        .await
                         {
                             Ok(answer) => Outcome::Done(answer),
                             Err(status) if not_applied(&status, *hop != Hop::First) => {
