@@ -9,8 +9,8 @@
 //! durable up to where it was when its change was made
 //! ([`Journal::durable`]). Bulk (a handoff's users, [`Journal::append_bulk`])
 //! waits in a queue of its own and goes a slice a batch, so that a change
-//! never waits for more than a slice of it. The trimmer ([`Trimmer`]) deletes the sealed
-//! segments whose every change the store holds. At start, [`replay`] reads
+//! never waits for more than a slice of it. The trimmer ([`Trimmer`])
+//! deletes the sealed segments whose every change the store holds. At start, [`replay`] reads
 //! what a crash left, once [`lock`] has the directory to itself. A fleet
 //! node also hands each batch to a [`Replica`] on another node (its backup,
 //! see `docs/failover.md`), and a change waits for both.
