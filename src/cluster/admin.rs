@@ -178,14 +178,28 @@ pub async fn fence(
     let Some(seen) = lapsed(store, node, lease).await? else {
         return Ok(());
     };
-    match lease::revoke(store, node, &seen).await? {
-        true => Ok(()),
-        // Renewed since it was seen: live after all.
-        false => Err(AdminError::LeaseLive {
+    if lease::revoke(store, node, &seen).await? {
+        return Ok(());
+    }
+    // Swapped since it was seen: by a takeover that saw it lapse too (found
+    // by the Cassandra test of a frozen node released by force, which was
+    // told the lease was live), or renewed: live after all.
+    let now = store.lease(node).await?;
+    Err(now
+        .as_ref()
+        .and_then(|r| taking(node, r))
+        .unwrap_or_else(|| AdminError::LeaseLive {
             node: node.to_owned(),
             within: lease.map_or(Duration::ZERO, |config| config.lapse()),
-        }),
-    }
+        }))
+}
+
+/// The refusal to fence `node` while `record`, its lease, is a takeover's.
+fn taking(node: &str, record: &LeaseRecord) -> Option<AdminError> {
+    (record.holder.strip_prefix(TAKEOVER_BY)).map(|by| AdminError::TakeoverUnderWay {
+        node: node.to_owned(),
+        by: by.to_owned(),
+    })
 }
 
 /// `node`'s lease record once it may be taken: seen unrenewed for the
@@ -197,12 +211,7 @@ async fn lapsed(
     node: &str,
     lease: Option<LeaseConfig>,
 ) -> Result<Option<LeaseRecord>, AdminError> {
-    let taking = |record: &LeaseRecord| {
-        (record.holder.strip_prefix(TAKEOVER_BY)).map(|by| AdminError::TakeoverUnderWay {
-            node: node.to_owned(),
-            by: by.to_owned(),
-        })
-    };
+    let taking = |record: &LeaseRecord| taking(node, record);
     match lease {
         Some(config) => match lease::watch(store, node, config).await? {
             Seen::Free(_) => Ok(None),
@@ -934,6 +943,23 @@ mod tests {
         peers.let_go.send_replace(true);
         let removed = remove_dead(&*store, &*peers, "d", None).await.unwrap();
         assert!(removed.ring.node("d").is_none());
+    }
+
+    /// Found by the Cassandra test of a frozen node released by force: a
+    /// takeover that took the lease between the operator's watch (which
+    /// saw it lapse) and its revoke was reported as a live lease, which the
+    /// operator is not to retry; it is a takeover under way.
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_that_took_the_lease_since_it_was_seen_lapsed_is_named() {
+        let (store, _) = x_draining_to_a_dead_d().await;
+        let dead = lease_of("d's last start", "a/its stream");
+        assert!(store.swap_lease("d", None, &dead).await.unwrap());
+        store.swap_lease_first("d", lease_of("takeover by a", NO_BACKUP));
+        let fenced = fence(&*store, "d", Some(LeaseConfig::default())).await;
+        assert!(
+            matches!(&fenced, Err(AdminError::TakeoverUnderWay { by, .. }) if by == "a"),
+            "{fenced:?}"
+        );
     }
 
     /// Found in review: `--ignore-lease` revoked a takeover's hold on the

@@ -21,6 +21,8 @@ pub struct MemoryRingStore {
     failing_loads: AtomicBool,
     /// While true, loads wait (a ring store slow to answer, for tests).
     held: tokio::sync::watch::Sender<bool>,
+    /// A lease record the next swap of that node's lease finds there first.
+    swapped_first: Mutex<Option<(String, LeaseRecord)>>,
 }
 
 impl Default for MemoryRingStore {
@@ -32,6 +34,7 @@ impl Default for MemoryRingStore {
             cut_off: Mutex::default(),
             failing_loads: AtomicBool::new(false),
             held: tokio::sync::watch::Sender::new(false),
+            swapped_first: Mutex::default(),
         }
     }
 }
@@ -40,6 +43,13 @@ impl MemoryRingStore {
     /// Makes loads wait (`true`) until told otherwise.
     pub fn hold_loads(&self, held: bool) {
         self.held.send_replace(held);
+    }
+
+    /// Has the next swap of `node`'s lease find `record` there, as if
+    /// another (a takeover) had swapped it in since it was read.
+    pub fn swap_lease_first(&self, node: &str, record: LeaseRecord) {
+        let mut first = self.swapped_first.lock().unwrap_or_else(|e| e.into_inner());
+        *first = Some((node.to_owned(), record));
     }
 
     /// Fails (`true`) or answers again the loads of the ring.
@@ -144,6 +154,11 @@ impl RingStore for MemoryRingStore {
         next: &LeaseRecord,
     ) -> Result<bool, StoreError> {
         let mut leases = self.leases(node)?;
+        let mut first = self.swapped_first.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, record)) = first.take_if(|(of, _)| of == node) {
+            leases.insert(node.to_owned(), record);
+        }
+        drop(first);
         if leases.get(node) != seen {
             return Ok(false);
         }
