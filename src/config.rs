@@ -330,14 +330,14 @@ settings! {
     /// the store stops serving within it (see docs/failover.md).
     #[arg(long, env = "READSTATES_LEASE", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
-    lease: Duration = Duration::from_secs(3);
+    lease: Duration = Duration::from_millis(1_200);
     /// What others add to `lease` before they may take an unrenewed lease
     /// (`readstates ring release --force` waits `lease + lease_margin`):
     /// covers clock-rate drift and a change's last check. Every node and
     /// the `ring` command must use the same values.
     #[arg(long, env = "READSTATES_LEASE_MARGIN", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
-    lease_margin: Duration = Duration::from_secs(1);
+    lease_margin: Duration = Duration::from_millis(300);
     /// A fleet node streams its journal to the next node of the ring, its
     /// backup, and answers a change once both hold it; should it die, the
     /// backup writes what it held and gives its slots to the others (see

@@ -44,8 +44,8 @@ pub struct LeaseConfig {
 impl Default for LeaseConfig {
     fn default() -> Self {
         LeaseConfig {
-            duration: Duration::from_secs(3),
-            margin: Duration::from_secs(1),
+            duration: Duration::from_millis(1_200),
+            margin: Duration::from_millis(300),
         }
     }
 }

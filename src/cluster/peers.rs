@@ -13,7 +13,6 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use readstates_routing::Slot;
 use readstates_routing::apply::{Applier, MAX_BATCH};
-use readstates_routing::client::{KEEPALIVE_EVERY, KEEPALIVE_TIMEOUT};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
@@ -32,6 +31,12 @@ use crate::tls::{Tls, connector};
 /// its users are written, which a slow store can hold up.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 PINGs once a peer has sent nothing for this long: a frozen peer
+/// fails what was sent to it within seconds. Slower than a client's
+/// (`readstates_routing::client::KEEPALIVE_EVERY`): a false alarm here
+/// breaks a backup stream, which then journals everything again.
+const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a node that refused an Apply stream is sent unary calls
 /// before a stream is tried again.
 const NO_APPLY_RETRY: Duration = Duration::from_secs(60);

@@ -49,7 +49,7 @@ const RETRY: Duration = Duration::from_secs(1);
 const STOPPING: Duration = Duration::from_secs(5);
 /// How often the stream looks whether the ring names another backup, and
 /// tells the backup it lives (see `super::receive::SILENCE`).
-const RING_CHECK: Duration = Duration::from_millis(500);
+const RING_CHECK: Duration = Duration::from_millis(250);
 /// How long a backup may leave batches unanswered before it is given up
 /// (taken for frozen): changes wait for it meanwhile.
 const UNANSWERED: Duration = Duration::from_secs(1);

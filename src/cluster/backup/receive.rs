@@ -17,8 +17,12 @@ use crate::proto::mirror_request::Part;
 use crate::proto::{MirrorRequest, MirrorResponse};
 
 /// A sender heard from less often than this is taken for frozen or cut
-/// off, as a broken stream: it sends at least every half second.
-const SILENCE: Duration = Duration::from_secs(3);
+/// off, as a broken stream: it sends at least every quarter second (a
+/// build before 2026-12-08, every half). Sooner than its lease lapses
+/// (1.5 s), so that a frozen node's copy is written ahead of the takeover,
+/// not during it; a false alarm costs a write ahead and a stream opened
+/// again.
+const SILENCE: Duration = Duration::from_secs(1);
 
 /// The longest stream token taken (a sender's are about 60 bytes).
 const MAX_TOKEN_LEN: usize = 256;
@@ -117,4 +121,36 @@ where
         }
     });
     Ok(ReceiverStream::new(responses))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::lease::LeaseConfig;
+    use crate::proto::MirrorStart;
+
+    /// Issue 54: a frozen sender's stream stays open, and was taken for
+    /// broken only after 3 s of silence, so its copy was written during
+    /// its takeover (1.5 s after the freeze), not ahead of it. It is now
+    /// taken for broken before its lease runs out.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_sender_is_taken_for_broken_before_its_lease_runs_out() {
+        let backups = Backups::new();
+        let (sender, requests) = mpsc::channel(4);
+        let part = |part| Ok(MirrorRequest { part: Some(part) });
+        let start = MirrorStart {
+            node: "x".into(),
+            incarnation: "i1".into(),
+            format: FORMAT,
+            token: "t".into(),
+        };
+        sender.send(part(Part::Start(start))).await.unwrap();
+        sender.send(part(Part::CompleteAt(0))).await.unwrap();
+        let _responses = receive(backups.clone(), ReceiverStream::new(requests))
+            .await
+            .unwrap();
+        tokio::time::sleep(LeaseConfig::default().duration).await;
+        assert_eq!(backups.broken().len(), 1, "silent, still taken for live");
+        drop(sender);
+    }
 }

@@ -93,8 +93,10 @@ impl Takeover {
                     });
                 }
             }
+            // As often as the sightings are read: a lapse seen waits for
+            // no poll of its own.
             tokio::select! {
-                () = tokio::time::sleep(POLL) => {}
+                () = tokio::time::sleep(self.lease.watch_every()) => {}
                 Some(ended) = finished.recv() => {
                     watching.remove(&ended);
                 }
