@@ -23,8 +23,16 @@
 //! node instead of a call each (see [`crate::apply`]), retried the same
 //! way; an item whose stream ended before its answer is sent again too
 //! (it may have been applied, and a change counts nothing twice).
+//!
+//! A frozen node answers nothing and keeps its sockets open. Its channel's
+//! HTTP/2 PINGs fail the calls in flight within [`KEEPALIVE_EVERY`] +
+//! [`KEEPALIVE_TIMEOUT`]; from then on the node is *suspect* and each try
+//! sent to it is given [`SUSPECT_TRY`] to answer, then sent again, so that
+//! a call finds the node's slots served elsewhere a moment after its
+//! backup took it over, not a keepalive later. The first answer of any
+//! kind from the node clears it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -55,6 +63,11 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 const REFRESH_EVERY: Duration = Duration::from_millis(50);
 /// How long a retry's read of the table may take.
 const REFRESH_WITHIN: Duration = Duration::from_secs(1);
+/// How long a try sent to a suspect node (its connection failed, and it
+/// has not answered since) waits before it is sent again: a live node
+/// answers far sooner, and a frozen one's slots are taken over within
+/// about a second and a half (`docs/failover.md`).
+pub const SUSPECT_TRY: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Debug)]
 pub struct FleetClient {
@@ -78,6 +91,9 @@ struct Inner {
     refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     /// Which node of the table a retry's read asks next.
     asked: AtomicUsize,
+    /// Addresses of the nodes whose connection failed, and which have not
+    /// answered since (see the module doc).
+    suspects: Mutex<HashSet<String>>,
 }
 
 /// Makes the channel to a node at `host:port`, as the caller wants it
@@ -130,6 +146,7 @@ impl FleetClient {
                 connect,
                 refreshed: tokio::sync::Mutex::new(None),
                 asked: AtomicUsize::new(0),
+                suspects: Mutex::default(),
             }),
             retry_budget: RETRY_BUDGET,
         };
@@ -204,11 +221,16 @@ impl FleetClient {
 
     /// A client of `user_id`'s owner (the entry node if nobody owns it).
     pub fn for_user(&self, user_id: u64) -> ReadStatesClient<Channel> {
-        let owner = self.ring().owner_of(user_id).cloned();
-        ReadStatesClient::new(match owner {
-            Some(node) => self.channel(&node),
-            None => self.inner.entry.clone(),
-        })
+        ReadStatesClient::new(self.route(user_id).1)
+    }
+
+    /// The address of `user_id`'s owner and a channel to it ("" and the
+    /// entry node's if nobody owns it).
+    fn route(&self, user_id: u64) -> (String, Channel) {
+        match self.ring().owner_of(user_id) {
+            Some(node) => (node.address.clone(), self.channel(node)),
+            None => (String::new(), self.inner.entry.clone()),
+        }
     }
 
     /// This client, retrying "not applied" answers for at most `budget`
@@ -238,7 +260,11 @@ impl FleetClient {
         F: Fn(ReadStatesClient<Channel>) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        self.retrying(|| send(self.for_user(user_id))).await
+        self.retrying(|| {
+            let (address, channel) = self.route(user_id);
+            (address, send(ReadStatesClient::new(channel)))
+        })
+        .await
     }
 
     /// Applies `change` of `user_id` (of a change to many users, any one:
@@ -254,47 +280,51 @@ impl FleetClient {
     ) -> Result<Outcome, Status> {
         let until = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
         self.retrying(|| {
-            let (applier, change) = (self.applier(user_id), change.clone());
+            let ((address, applier), change) = (self.applier(user_id), change.clone());
             let left =
                 until.map(|until| until.saturating_duration_since(tokio::time::Instant::now()));
-            async move { applier.apply(change, left).await }
+            (address, async move { applier.apply(change, left).await })
         })
         .await
     }
 
     /// The Apply stream to `user_id`'s owner (the entry node if nobody
-    /// owns it), opened again once ended.
-    fn applier(&self, user_id: u64) -> Applier {
-        let owner = self.ring().owner_of(user_id).cloned();
-        let address = owner.as_ref().map_or("", |node| node.address.as_str());
+    /// owns it), opened again once ended, and the owner's address.
+    fn applier(&self, user_id: u64) -> (String, Applier) {
+        let (address, channel) = self.route(user_id);
         let mut streams = self.inner.streams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(applier) = streams.get(address)
+        if let Some(applier) = streams.get(&address)
             && !applier.is_ended()
         {
-            return applier.clone();
+            return (address, applier.clone());
         }
-        let channel = match &owner {
-            Some(node) => self.channel(node),
-            None => self.inner.entry.clone(),
-        };
         let applier = Applier::open(channel, MetadataMap::new(), MAX_BATCH);
-        streams.insert(address.to_owned(), applier.clone());
-        applier
+        streams.insert(address.clone(), applier.clone());
+        (address, applier)
     }
 
-    /// Runs `attempt` until it is answered with anything but "not applied",
-    /// or the retry budget runs out (see the module doc).
-    async fn retrying<T, Fut>(&self, attempt: impl Fn() -> Fut) -> Result<T, Status>
+    /// Runs `attempt` (the address it is sent to, and the try) until it
+    /// is answered with anything but "not applied", or the retry budget
+    /// runs out (see the module doc).
+    async fn retrying<T, Fut>(&self, attempt: impl Fn() -> (String, Fut)) -> Result<T, Status>
     where
         Fut: Future<Output = Result<T, Status>>,
     {
         let deadline = tokio::time::Instant::now() + self.retry_budget;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let status = match attempt().await {
-                Ok(answer) => return Ok(answer),
-                Err(status) if not_applied(&status) => status,
-                Err(status) => return Err(status),
+            let (address, answer) = attempt();
+            let status = match self.suspected(&address, answer).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(status)) if not_applied(&status) => status,
+                Ok(Err(status)) => return Err(status),
+                // Waited out already: sent again at once, to whichever
+                // node the table (read again) names.
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    self.refresh_for_retry().await;
+                    continue;
+                }
+                Err(unanswered) => return Err(unanswered),
             };
             if tokio::time::Instant::now() >= deadline {
                 return Err(status);
@@ -314,6 +344,47 @@ impl FleetClient {
             backoff = (backoff * 2).min(MAX_BACKOFF);
             self.refresh_for_retry().await;
         }
+    }
+
+    /// `answer` from the node at `address`, or, if the node is suspect and
+    /// leaves it unanswered for [`SUSPECT_TRY`], the error to give up with
+    /// (it may have been applied, and applied again it counts nothing
+    /// twice). A failed connection makes the node suspect; any answer it
+    /// sends clears it.
+    async fn suspected<T>(
+        &self,
+        address: &str,
+        answer: impl Future<Output = Result<T, Status>>,
+    ) -> Result<Result<T, Status>, Status> {
+        let suspects = || {
+            self.inner
+                .suspects
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        };
+        let suspect = suspects().contains(address);
+        let answer = match suspect {
+            true => tokio::time::timeout(SUSPECT_TRY, answer)
+                .await
+                .map_err(|_| {
+                    safe_to_retry(Status::unavailable(format!(
+                        "{address} did not answer within {SUSPECT_TRY:?} (its connection failed a \
+                     moment ago)"
+                    )))
+                })?,
+            false => answer.await,
+        };
+        let failed = matches!(&answer, Err(status) if cut_in_flight(status) || is_cut(status));
+        match (failed, suspect) {
+            (true, false) => {
+                suspects().insert(address.to_owned());
+            }
+            (false, true) => {
+                suspects().remove(address);
+            }
+            _ => {}
+        }
+        Ok(answer)
     }
 
     /// A refusal from a node whose table is newer than ours.
@@ -345,11 +416,12 @@ impl FleetClient {
     }
 }
 
-/// HTTP/2 PINGs on every channel to a node, so that a frozen node (its
-/// socket open, nothing answered) fails the calls sent to it within
-/// seconds, and they are retried elsewhere, instead of waiting for TCP.
-pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(1);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 PINGs on every channel to a node, once it has sent nothing for
+/// this long, so that a frozen node (its socket open, nothing answered)
+/// fails the calls sent to it within a second, and they are retried
+/// elsewhere, instead of waiting for TCP. A PING costs a node one frame.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_millis(250);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn endpoint(address: &str) -> Result<Endpoint, Status> {
     Endpoint::from_shared(format!("http://{address}"))

@@ -1139,6 +1139,61 @@ async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner
     b.stop().await;
 }
 
+/// Issue 54: a call sent to a frozen owner (its socket open, nothing
+/// answered, not even a PING) waited for its connection's keepalive (1 s +
+/// 2 s) however soon the owner's slots were served elsewhere, then was
+/// sent again: answered about 2 s after the takeover. Now the keepalive
+/// gives up within 750 ms, and each try sent to the suspect node is given
+/// 250 ms: the call is answered a moment after the takeover.
+#[tokio::test]
+async fn a_call_to_a_frozen_owner_is_served_soon_after_its_slots_are_taken_over() {
+    let (store, ring) = shared();
+    let (addr, _, frozen) = stand_in(OnRequest::Silent).await;
+    let x = Node {
+        id: "x".into(),
+        address: addr,
+        weight: 100,
+    };
+    let (mut b, record) = beside_a_stand_in(x, &store, &ring).await;
+    let user = (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == "x")
+        .unwrap();
+    let fleet = FleetClient::connect(&b.addr.to_string()).await.unwrap();
+    let call = tokio::spawn(async move {
+        fleet
+            .call(
+                user,
+                |mut client| async move { client.ack(ack(user, 7)).await },
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let peers = readstates::cluster::peers::GrpcPeers::new(
+        None,
+        readstates::cluster::credential::FleetCredential::new(
+            "a secret of sixteen bytes",
+            "readstates",
+            "test",
+        ),
+    );
+    let taken = admin::take_over(&*ring, &peers, "b", "x", true)
+        .await
+        .unwrap();
+    served(&ring, taken.ring.epoch()).await;
+    let taken_at = std::time::Instant::now();
+    call.await
+        .unwrap()
+        .expect("served by b once x is taken over");
+    let waited = taken_at.elapsed();
+    assert!(
+        waited < Duration::from_millis(800),
+        "answered {waited:?} after x's slots were served by b"
+    );
+    assert_eq!(last_acked(&mut b, user).await, 7);
+    frozen.abort();
+    b.stop().await;
+}
+
 /// The health service's word on `ReadStates` at `app`.
 pub async fn health_of(app: &TestApp) -> ServingStatus {
     let request = HealthCheckRequest {
