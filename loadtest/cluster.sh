@@ -24,6 +24,8 @@
 #                                          with the host's load)
 #   SERVE_ARGS="--journal off" loadtest/cluster.sh
 #                                          every node started with these too
+#   ONLY=faults FAULT_RATE=3000 loadtest/cluster.sh
+#                                          the kill and the freeze alone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -97,6 +99,8 @@ drain() {
         sleep 1
     done
 }
+
+if [ "${ONLY:-}" != faults ]; then # the pairs, the moves and the rolling restart
 
 # Preload once, through the routing client; its writes land before the runs.
 measure preload "cluster://127.0.0.1:50201" 2s --rate 0 >/dev/null
@@ -221,21 +225,24 @@ wait "$load"
 cat "$OUT/rolling.txt"
 grep "served by its owner" "$OUT/rolling.out" | sed 's/^/rolling restart, ring change: /'
 
+fi # the pairs, the moves and the rolling restart
+
 # A node lost for good, then one frozen for 20 s, each under open-loop acks
 # through the fleet client at FAULT_RATE a second (by default the moving
 # slots' rate: half the routed median). Every acknowledged ack is read back
 # from Cassandra once the write delay (30 s) has passed (`loadtest failover`).
-fault_rate="${FAULT_RATE:-$rate}"
+fault_rate="${FAULT_RATE:-${rate:-3000}}"
 store_args=(--cassandra-nodes "${common[3]}" --keyspace "${common[5]}")
 drain
-(sleep 5 && kill -9 "${pids[2]}") &
+(sleep 5 && kill -9 "${pids[2]}" && echo "killed n3 at $(date -u +%T.%3N)") &
 fault=$!
 "$LT" failover --entry 127.0.0.1:50201 --rate "$fault_rate" --duration 20s --settle 40s \
     "${store_args[@]}" --what "killing a node"
 wait "$fault"
 # n3 is gone for good (its backup took it over); n2 freezes, and n1, its
 # backup, takes it over: then a fleet of one.
-(sleep 5 && kill -STOP "${pids[1]}" && sleep 20 && kill -CONT "${pids[1]}") &
+(sleep 5 && kill -STOP "${pids[1]}" && echo "froze n2 at $(date -u +%T.%3N)" && sleep 20 &&
+    kill -CONT "${pids[1]}") &
 fault=$!
 "$LT" failover --entry 127.0.0.1:50201 --rate "$fault_rate" --duration 40s --settle 40s \
     "${store_args[@]}" --what "freezing a node for 20 s"

@@ -331,11 +331,17 @@ fn late() -> Status {
     Status::deadline_exceeded("no answer in time")
 }
 
+const UNANSWERED: &str = "the Apply stream ended before the change was answered: it may have \
+                          been applied, and is safe to send again";
+
 fn unanswered() -> Status {
-    safe_to_retry(Status::cancelled(
-        "the Apply stream ended before the change was answered: it may have been applied, and \
-         is safe to send again",
-    ))
+    safe_to_retry(Status::cancelled(UNANSWERED))
+}
+
+/// Whether `status` is this client's own word that an item's stream broke
+/// before its answer (its connection failed, most often).
+pub fn is_unanswered(status: &Status) -> bool {
+    status.code() == Code::Cancelled && status.message() == UNANSWERED
 }
 
 /// An item's outcome, its error as a [`Status`].

@@ -26,13 +26,16 @@
 //!
 //! A frozen node answers nothing and keeps its sockets open. Its channel's
 //! HTTP/2 PINGs fail the calls in flight within [`KEEPALIVE_EVERY`] +
-//! [`KEEPALIVE_TIMEOUT`]; from then on the node is *suspect* and each try
-//! sent to it is given [`SUSPECT_TRY`] to answer, then sent again, so that
-//! a call finds the node's slots served elsewhere a moment after its
-//! backup took it over, not a keepalive later. The first answer of any
-//! kind from the node clears it.
+//! [`KEEPALIVE_TIMEOUT`]; from then on, for [`SUSPECT_FOR`], the node is
+//! *suspect* and each try sent to it is given [`SUSPECT_TRY`] to answer,
+//! then sent again after the usual backoff, so that a call finds the
+//! node's slots served elsewhere a moment after its backup took it over
+//! (about 1.5 s after the freeze), not a keepalive later. A node that
+//! answers a try is cleared; one only slow, not frozen, is tried with no
+//! bound again once the window has passed, so a false alarm costs a few
+//! retries, not a storm.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -42,7 +45,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Response, Status};
 
-use crate::apply::{Applier, MAX_BATCH};
+use crate::apply::{Applier, MAX_BATCH, is_unanswered};
 use crate::proto::apply_item::Change;
 use crate::proto::apply_result::Outcome;
 use crate::proto::read_states_client::ReadStatesClient;
@@ -65,9 +68,12 @@ const REFRESH_EVERY: Duration = Duration::from_millis(50);
 const REFRESH_WITHIN: Duration = Duration::from_secs(1);
 /// How long a try sent to a suspect node (its connection failed, and it
 /// has not answered since) waits before it is sent again: a live node
-/// answers far sooner, and a frozen one's slots are taken over within
-/// about a second and a half (`docs/failover.md`).
+/// mostly answers sooner, and a frozen one's slots are taken over within
+/// about a second and a half of the freeze (`docs/failover.md`).
 pub const SUSPECT_TRY: Duration = Duration::from_millis(250);
+/// How long after its connection failed a node stays suspect: past a
+/// frozen node's takeover.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(3);
 
 #[derive(Clone, Debug)]
 pub struct FleetClient {
@@ -91,9 +97,10 @@ struct Inner {
     refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     /// Which node of the table a retry's read asks next.
     asked: AtomicUsize,
-    /// Addresses of the nodes whose connection failed, and which have not
-    /// answered since (see the module doc).
-    suspects: Mutex<HashSet<String>>,
+    /// Nodes whose connection failed, and which have not answered since,
+    /// by address (the entry node's under ""): when it failed (see the
+    /// module doc).
+    suspects: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 /// Makes the channel to a node at `host:port`, as the caller wants it
@@ -315,16 +322,9 @@ impl FleetClient {
         loop {
             let (address, answer) = attempt();
             let status = match self.suspected(&address, answer).await {
-                Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(status)) if not_applied(&status) => status,
-                Ok(Err(status)) => return Err(status),
-                // Waited out already: sent again at once, to whichever
-                // node the table (read again) names.
-                Err(_) if tokio::time::Instant::now() < deadline => {
-                    self.refresh_for_retry().await;
-                    continue;
-                }
-                Err(unanswered) => return Err(unanswered),
+                Ok(answer) => return Ok(answer),
+                Err(status) if not_applied(&status) => status,
+                Err(status) => return Err(status),
             };
             if tokio::time::Instant::now() >= deadline {
                 return Err(status);
@@ -346,45 +346,48 @@ impl FleetClient {
         }
     }
 
-    /// `answer` from the node at `address`, or, if the node is suspect and
-    /// leaves it unanswered for [`SUSPECT_TRY`], the error to give up with
-    /// (it may have been applied, and applied again it counts nothing
-    /// twice). A failed connection makes the node suspect; any answer it
-    /// sends clears it.
+    /// `answer` from the node at `address`, given [`SUSPECT_TRY`] if the
+    /// node is suspect; past it, an error that says the try is safe to
+    /// send again (it may have been applied, and applied again it counts
+    /// nothing twice). A failed connection (a call cut in flight, or an
+    /// Apply stream broken before the item's answer) makes the node
+    /// suspect for [`SUSPECT_FOR`]; an answer from it clears it.
     async fn suspected<T>(
         &self,
         address: &str,
         answer: impl Future<Output = Result<T, Status>>,
-    ) -> Result<Result<T, Status>, Status> {
+    ) -> Result<T, Status> {
         let suspects = || {
             self.inner
                 .suspects
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
         };
-        let suspect = suspects().contains(address);
+        let since = suspects().get(address).copied();
+        let suspect = since.is_some_and(|since| since.elapsed() < SUSPECT_FOR);
         let answer = match suspect {
             true => tokio::time::timeout(SUSPECT_TRY, answer)
                 .await
-                .map_err(|_| {
-                    safe_to_retry(Status::unavailable(format!(
-                        "{address} did not answer within {SUSPECT_TRY:?} (its connection failed a \
-                     moment ago)"
-                    )))
-                })?,
+                .unwrap_or_else(|_| {
+                    Err(safe_to_retry(Status::unavailable(format!(
+                        "{address} did not answer within {SUSPECT_TRY:?} (its connection \
+                         failed a moment ago)"
+                    ))))
+                }),
             false => answer.await,
         };
-        let failed = matches!(&answer, Err(status) if cut_in_flight(status) || is_cut(status));
-        match (failed, suspect) {
-            (true, false) => {
-                suspects().insert(address.to_owned());
-            }
-            (false, true) => {
+        match &answer {
+            Ok(_) if since.is_some() => {
                 suspects().remove(address);
+            }
+            Err(status) if cut_in_flight(status) || is_cut(status) || is_unanswered(status) => {
+                let mut suspects = suspects();
+                suspects.retain(|_, since| since.elapsed() < SUSPECT_FOR);
+                suspects.insert(address.to_owned(), tokio::time::Instant::now());
             }
             _ => {}
         }
-        Ok(answer)
+        answer
     }
 
     /// A refusal from a node whose table is newer than ours.

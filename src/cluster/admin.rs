@@ -270,10 +270,12 @@ pub async fn remove_dead(
             backup: backup.to_owned(),
         });
     }
+    let config = lease.unwrap_or_default();
     let mut held = LeaseRecord {
         holder: OPERATOR_TAKEOVER.to_owned(),
         renewals: seen.as_ref().map_or(0, |seen| seen.renewals + 1),
         backup: NO_BACKUP.to_owned(),
+        lease: Some(config.duration),
     };
     let sent = tokio::time::Instant::now();
     if !store.swap_lease(node, seen.as_ref(), &held).await? {
@@ -282,7 +284,6 @@ pub async fn remove_dead(
             within: lease.map_or(Duration::ZERO, |config| config.lapse()),
         });
     }
-    let config = lease.unwrap_or_default();
     // Renewed until done; lost (this command stalled past it, or a
     // renewal did not apply), the removal stops (see `lease::hold`).
     let hold = Hold::new(sent, config.duration);
@@ -316,6 +317,7 @@ pub async fn remove_dead(
         holder: String::new(),
         renewals: held.renewals + 1,
         backup: NO_BACKUP.to_owned(),
+        lease: None,
     };
     let _ = store.swap_lease(node, Some(&held), &free).await;
     taken
@@ -868,6 +870,7 @@ mod tests {
             holder: holder.to_owned(),
             renewals: 0,
             backup: backup.to_owned(),
+            lease: None,
         }
     }
 

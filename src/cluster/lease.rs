@@ -63,11 +63,26 @@ impl LeaseConfig {
         self.renew_every() / 3
     }
 
-    /// How long a lease must be seen unrenewed before it may be taken.
+    /// How long a lease of this node's must be seen unrenewed before it
+    /// may be taken.
     pub fn lapse(&self) -> Duration {
         self.duration + self.margin
     }
+
+    /// How long `record` must be seen unrenewed before it may be taken:
+    /// its holder's lease (an unrecorded one is [`UNRECORDED_LEASE`]) or
+    /// this node's, the longer, plus this node's margin. So a fleet whose
+    /// nodes run with other `lease` settings, as in a rolling upgrade that
+    /// changes the default, never takes a lease its holder still serves
+    /// under (found in review of the change from 3 s to 1.2 s).
+    pub fn lapse_of(&self, record: &LeaseRecord) -> Duration {
+        record.lease.unwrap_or(UNRECORDED_LEASE).max(self.duration) + self.margin
+    }
 }
+
+/// The lease of a record that does not say: builds before records said
+/// served 3 s past each renewal by default.
+pub const UNRECORDED_LEASE: Duration = Duration::from_secs(3);
 
 /// What [`watch`] saw of a node's lease.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,8 +95,8 @@ pub enum Seen {
     Live,
 }
 
-/// Watches `node`'s lease for at most [`LeaseConfig::lapse`] (returning as
-/// soon as it is renewed).
+/// Watches `node`'s lease for at most [`LeaseConfig::lapse_of`] it
+/// (returning as soon as it is renewed).
 pub async fn watch(
     store: &dyn RingStore,
     node: &str,
@@ -108,7 +123,7 @@ pub async fn watch(
         if before.elapsed() > config.renew_every() {
             since = Instant::now();
         }
-        if before.duration_since(since) >= config.lapse() {
+        if before.duration_since(since) >= config.lapse_of(&first) {
             return Ok(Seen::Lapsed(first));
         }
         tokio::time::sleep(config.watch_every()).await;
@@ -125,6 +140,7 @@ pub async fn revoke(
         holder: String::new(),
         renewals: lapsed.renewals + 1,
         backup: lapsed.backup.clone(),
+        lease: None,
     };
     store.swap_lease(node, Some(lapsed), &revoked).await
 }
@@ -343,6 +359,7 @@ impl Holder {
                 holder: String::new(),
                 renewals: record.renewals + 1,
                 backup: NO_BACKUP.to_owned(),
+                lease: None,
             };
             match self
                 .store
@@ -473,6 +490,7 @@ impl Holder {
             holder: self.incarnation.clone(),
             renewals,
             backup: backup.to_owned(),
+            lease: Some(self.config.duration),
         }
     }
 

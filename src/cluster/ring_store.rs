@@ -9,6 +9,7 @@ pub mod cassandra;
 pub mod memory;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use readstates_routing::{Ring, SLOTS, Slot};
@@ -123,6 +124,11 @@ pub struct LeaseRecord {
     /// [`NO_BACKUP`] while it answers on its own journal alone. Empty in
     /// records of builds before it (a takeover then goes by the stream).
     pub backup: String,
+    /// How long the holder serves past each renewal: whoever watches for
+    /// a lapse waits at least this long (see
+    /// `LeaseConfig::lapse_of`). `None` in records of builds before it,
+    /// and in records nobody holds.
+    pub lease: Option<Duration>,
 }
 
 /// How a lease taken by a takeover (`cluster::backup::takeover`, or an

@@ -105,6 +105,7 @@ async fn a_restarted_node_is_ready_only_once_it_has_waited_out_its_earlier_lease
         holder: "an earlier start".to_owned(),
         renewals: 7,
         backup: NO_BACKUP.to_owned(),
+        lease: Some(LEASE),
     };
     assert!(ring.swap_lease("a", None, &earlier).await.unwrap());
     let mut config = test_config();

@@ -257,6 +257,11 @@ impl Backups {
             .collect()
     }
 
+    /// Whether stream `stream` of `node` holds all its node had unwritten.
+    pub fn is_complete(&self, node: &str, stream: u64) -> bool {
+        (self.lock().get(node, stream)).is_some_and(|held| held.complete())
+    }
+
     /// Every copy that holds all its node had unwritten, with the number
     /// of its stream and whether that broke.
     pub fn complete(&self) -> Vec<(String, u64, bool)> {

@@ -16,13 +16,20 @@ use super::held::{Backups, Refused};
 use crate::proto::mirror_request::Part;
 use crate::proto::{MirrorRequest, MirrorResponse};
 
-/// A sender heard from less often than this is taken for frozen or cut
-/// off, as a broken stream: it sends at least every quarter second (a
-/// build before 2026-12-08, every half). Sooner than its lease lapses
-/// (1.5 s), so that a frozen node's copy is written ahead of the takeover,
-/// not during it; a false alarm costs a write ahead and a stream opened
-/// again.
+/// A sender heard from less often than this, once the copy is complete,
+/// is taken for frozen or cut off, as a broken stream: it sends at least
+/// every quarter second (a build before 2026-12-08, every half). Sooner
+/// than its lease lapses (1.5 s), so that a frozen node's copy is written
+/// ahead of the takeover, not during it; a false alarm costs a write ahead
+/// and a stream opened again.
 const SILENCE: Duration = Duration::from_secs(1);
+
+/// The same before the copy is complete: the sender journals everything
+/// unwritten again as it attaches, at once, sending nothing meanwhile (a
+/// second or more on a node of millions of users: found in review, such a
+/// stream broke on every attach with the 1 s limit). A stream broken then
+/// is of no use to a takeover anyway.
+const SILENCE_ATTACHING: Duration = Duration::from_secs(30);
 
 /// The longest stream token taken (a sender's are about 60 bytes).
 const MAX_TOKEN_LEN: usize = 256;
@@ -70,7 +77,11 @@ where
     let (answers, responses) = mpsc::channel(16);
     tokio::spawn(async move {
         loop {
-            let message = tokio::time::timeout(SILENCE, requests.next()).await;
+            let silence = match backups.is_complete(&node, stream) {
+                true => SILENCE,
+                false => SILENCE_ATTACHING,
+            };
+            let message = tokio::time::timeout(silence, requests.next()).await;
             let part = match message {
                 Ok(Some(Ok(MirrorRequest { part }))) => part,
                 Ok(None) => {
@@ -78,7 +89,7 @@ where
                     return;
                 }
                 Err(_) => {
-                    tracing::warn!(%node, after = ?SILENCE, "a node this one backs up went silent; what it held is kept until the node streams again or its lease lapses");
+                    tracing::warn!(%node, after = ?silence, "a node this one backs up went silent; what it held is kept until the node streams again or its lease lapses");
                     backups.broke(&node, stream);
                     return;
                 }
@@ -152,5 +163,36 @@ mod tests {
         tokio::time::sleep(LeaseConfig::default().duration).await;
         assert_eq!(backups.broken().len(), 1, "silent, still taken for live");
         drop(sender);
+    }
+
+    /// Found in review: a sender attaching journals everything unwritten
+    /// again before it sends anything more, a second or more on a large
+    /// node; a stream not complete yet is not taken for broken that soon.
+    #[tokio::test(start_paused = true)]
+    async fn a_sender_still_attaching_is_given_longer() {
+        let backups = Backups::new();
+        let (sender, requests) = mpsc::channel(4);
+        let start = MirrorStart {
+            node: "x".into(),
+            incarnation: "i1".into(),
+            format: FORMAT,
+            token: "t".into(),
+        };
+        let start = MirrorRequest {
+            part: Some(Part::Start(start)),
+        };
+        sender.send(Ok(start)).await.unwrap();
+        let _responses = receive(backups.clone(), ReceiverStream::new(requests))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        sender
+            .send(Ok(MirrorRequest {
+                part: Some(Part::CompleteAt(0)),
+            }))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(backups.complete(), [("x".to_owned(), 1, false)]);
     }
 }

@@ -188,6 +188,7 @@ impl Takeover {
             holder: format!("{TAKEOVER_BY}{}", self.member.id()),
             renewals: seen.renewals + 1,
             backup: seen.backup.clone(),
+            lease: Some(self.lease.duration),
         };
         // Not taken: looked at again a poll later (not at once, over and
         // over, each time decoding the copy again: found in review).
@@ -211,6 +212,7 @@ impl Takeover {
                 holder: String::new(),
                 renewals: held.renewals + 1,
                 backup: NO_BACKUP.to_owned(),
+                lease: None,
             };
             let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
             return;
@@ -322,6 +324,7 @@ impl Takeover {
             holder: String::new(),
             renewals: held.renewals + 1,
             backup: NO_BACKUP.to_owned(),
+            lease: None,
         };
         let _ = self.ring_store.swap_lease(node, Some(&held), &free).await;
     }

@@ -10,6 +10,14 @@
 //! instant before it was sent, as [`super::Holder`] does), a renewal that
 //! does not apply ends it, and the work reaches the ring store through
 //! [`Fenced`], which refuses every call once the hold may have lapsed.
+//!
+//! A call [`Fenced`] lets through still takes a round trip or more to land
+//! (a lightweight transaction under load, or a stall of this process
+//! between the check and the send), and another may take the lease the
+//! watcher's margin after the hold lapses. With the margin at 300 ms that
+//! was thin (found in review of issue 54's shorter lease), so a call is let
+//! through only while half the lease is left to it: it has half the lease
+//! plus the margin to land.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -54,13 +62,20 @@ impl Hold {
         Instant::now() < *self.lock()
     }
 
+    /// Whether the hold lasts for half its lease more: a call sent now has
+    /// that long to land (see the module doc).
+    pub fn holds_for_a_call(&self) -> bool {
+        Instant::now() + self.duration / 2 < *self.lock()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Instant> {
         self.until.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// The ring store as work done under a [`Hold`] reaches it: every call is
-/// refused once the hold may have lapsed.
+/// refused once the hold may lapse before it lands
+/// ([`Hold::holds_for_a_call`]).
 #[derive(Debug)]
 pub struct Fenced<'a> {
     pub store: &'a dyn RingStore,
@@ -69,7 +84,7 @@ pub struct Fenced<'a> {
 
 impl Fenced<'_> {
     fn check(&self) -> Result<(), StoreError> {
-        match self.hold.holds() {
+        match self.hold.holds_for_a_call() {
             true => Ok(()),
             false => Err(StoreError::new(
                 "ring",
@@ -148,11 +163,23 @@ mod tests {
         fenced.load().await.expect("held");
         tokio::time::sleep(Duration::from_secs(2)).await;
         hold.renewed(Instant::now());
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
         fenced.load().await.expect("renewed");
         // Stalled past it (no renewal applied for the lease's duration).
-        tokio::time::sleep(Duration::from_millis(1_001)).await;
+        tokio::time::sleep(Duration::from_millis(2_001)).await;
         assert!(fenced.load().await.is_err(), "a lapsed hold still works");
+        // Held, but with less than half the lease left for a call to land.
+        let hold = Hold::new(Instant::now(), Duration::from_millis(1_200));
+        let fenced = Fenced {
+            store: &store,
+            hold: &hold,
+        };
+        tokio::time::sleep(Duration::from_millis(601)).await;
+        assert!(hold.holds());
+        assert!(
+            fenced.advance(&RingRecord::empty()).await.is_err(),
+            "a call sent 599 ms before the hold lapses"
+        );
         // A renewal that did not apply ends it at once.
         let hold = Hold::new(Instant::now(), Duration::from_secs(3));
         hold.lost();

@@ -358,6 +358,7 @@ async fn an_earlier_start_naming_a_copy(store: &MemoryRingStore) -> LeaseRecord 
         holder: "an earlier start".to_owned(),
         renewals: 5,
         backup: "b/earlier/0".to_owned(),
+        lease: None,
     };
     assert!(store.swap_lease(NODE, None, &earlier).await.unwrap());
     earlier
@@ -380,6 +381,7 @@ async fn a_restart_leaves_a_lease_naming_a_copy_to_its_backup_first() {
         holder: format!("{TAKEOVER_BY}b"),
         renewals: earlier.renewals + 1,
         backup: earlier.backup.clone(),
+        lease: None,
     };
     let taken = store.swap_lease(NODE, Some(&earlier), &takeover).await;
     assert!(
@@ -393,6 +395,7 @@ async fn a_restart_leaves_a_lease_naming_a_copy_to_its_backup_first() {
         holder: String::new(),
         renewals: takeover.renewals + 1,
         backup: NO_BACKUP.to_owned(),
+        lease: None,
     };
     assert!(
         store
@@ -433,6 +436,7 @@ async fn a_start_being_taken_over_drops_what_it_replayed_once_the_copy_is_writte
         holder: format!("{TAKEOVER_BY}b"),
         renewals: 1,
         backup: "b/a1/0".to_owned(),
+        lease: None,
     };
     assert!(store.swap_lease(NODE, None, &taking).await.unwrap());
     let start = Start::new(&store);
@@ -468,4 +472,33 @@ async fn a_start_being_taken_over_drops_what_it_replayed_once_the_copy_is_writte
     );
     assert!(!start.serves(), "served while taken over");
     start.crash();
+}
+
+/// Found in review of issue 54's shorter lease: the lease's duration was
+/// not stored, so in a rolling upgrade that shortened the default a node of
+/// the new build (1.2 s) took the lease of a node of the old one (3 s)
+/// 1.5 s after its last renewal, while it still served under it. A record
+/// names its holder's lease now, and one that names none is taken for one
+/// of 3 s: either is waited out, whatever this node's own.
+#[tokio::test(start_paused = true)]
+async fn a_lease_longer_than_the_watchers_own_is_waited_out() {
+    let short = LeaseConfig::default();
+    for lease in [Some(Duration::from_secs(3)), None] {
+        let store = MemoryRingStore::default();
+        let record = LeaseRecord {
+            holder: "an incarnation of another build".to_owned(),
+            renewals: 1,
+            backup: NO_BACKUP.to_owned(),
+            lease,
+        };
+        assert!(store.swap_lease(NODE, None, &record).await.unwrap());
+        let started = Instant::now();
+        let seen = watch(&store, NODE, short).await.unwrap();
+        assert_eq!(seen, Seen::Lapsed(record));
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(3) + short.margin,
+            "a {lease:?} lease taken {waited:?} after its last renewal"
+        );
+    }
 }

@@ -145,6 +145,7 @@ fn lease_record(holder: &str, renewals: u64, backup: &str) -> LeaseRecord {
         holder: holder.to_owned(),
         renewals,
         backup: backup.to_owned(),
+        lease: None,
     }
 }
 

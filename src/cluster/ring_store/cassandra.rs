@@ -4,6 +4,7 @@
 //! across datacenters too.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use readstates_routing::ring::NO_OWNER;
@@ -118,7 +119,9 @@ impl CassandraRingStore {
         .await?;
         set_drained.set_is_idempotent(true);
         let mut lease = prepare(
-            format!("SELECT holder, renewals, backup FROM {keyspace}.ring_leases WHERE node = ?"),
+            format!(
+                "SELECT holder, renewals, backup, lease_ms FROM {keyspace}.ring_leases WHERE node = ?"
+            ),
             false,
         )
         .await?;
@@ -126,16 +129,16 @@ impl CassandraRingStore {
         lease.set_is_idempotent(true);
         let create_lease = prepare(
             format!(
-                "INSERT INTO {keyspace}.ring_leases (node, holder, renewals, backup) \
-                 VALUES (?, ?, ?, ?) IF NOT EXISTS"
+                "INSERT INTO {keyspace}.ring_leases (node, holder, renewals, backup, lease_ms) \
+                 VALUES (?, ?, ?, ?, ?) IF NOT EXISTS"
             ),
             true,
         )
         .await?;
         let swap_lease = prepare(
             format!(
-                "UPDATE {keyspace}.ring_leases SET holder = ?, renewals = ?, backup = ? \
-                 WHERE node = ? IF holder = ? AND renewals = ?"
+                "UPDATE {keyspace}.ring_leases SET holder = ?, renewals = ?, backup = ?, \
+                 lease_ms = ? WHERE node = ? IF holder = ? AND renewals = ?"
             ),
             true,
         )
@@ -296,12 +299,13 @@ impl RingStore for CassandraRingStore {
             .await
             .map_err(error)?;
         let rows = result.into_rows_result().map_err(error)?;
-        let row: Option<(Option<String>, Option<i64>, Option<String>)> =
-            rows.maybe_first_row().map_err(error)?;
-        Ok(row.map(|(holder, renewals, backup)| LeaseRecord {
+        type Columns = (Option<String>, Option<i64>, Option<String>, Option<i32>);
+        let row: Option<Columns> = rows.maybe_first_row().map_err(error)?;
+        Ok(row.map(|(holder, renewals, backup, lease_ms)| LeaseRecord {
             holder: holder.unwrap_or_default(),
             renewals: renewals.unwrap_or(0) as u64,
             backup: backup.unwrap_or_default(),
+            lease: lease_ms.map(|ms| Duration::from_millis(ms.max(0) as u64)),
         }))
     }
 
@@ -312,9 +316,11 @@ impl RingStore for CassandraRingStore {
         next: &LeaseRecord,
     ) -> Result<bool, StoreError> {
         let renewals = next.renewals as i64;
+        let lease_ms =
+            (next.lease).map(|lease| i32::try_from(lease.as_millis()).unwrap_or(i32::MAX));
         match seen {
             None => {
-                let values = (node, &next.holder, renewals, &next.backup);
+                let values = (node, &next.holder, renewals, &next.backup, lease_ms);
                 self.transact(&self.create_lease, values).await
             }
             Some(seen) => {
@@ -322,6 +328,7 @@ impl RingStore for CassandraRingStore {
                     &next.holder,
                     renewals,
                     &next.backup,
+                    lease_ms,
                     node,
                     &seen.holder,
                     seen.renewals as i64,

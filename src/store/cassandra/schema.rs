@@ -16,7 +16,7 @@ use crate::store::StoreError;
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The files of `schema/`, in order, built into the binary.
-const MIGRATIONS: [(&str, &str); 11] = [
+const MIGRATIONS: [(&str, &str); 12] = [
     (
         "001_keyspace.cql",
         include_str!("../../../schema/001_keyspace.cql"),
@@ -57,6 +57,10 @@ const MIGRATIONS: [(&str, &str); 11] = [
     (
         "011_lease_backup.cql",
         include_str!("../../../schema/011_lease_backup.cql"),
+    ),
+    (
+        "012_lease_duration.cql",
+        include_str!("../../../schema/012_lease_duration.cql"),
     ),
 ];
 
@@ -153,7 +157,7 @@ mod tests {
             .iter()
             .flat_map(|(_, text)| statements(text))
             .collect();
-        assert_eq!(all.len(), 13);
+        assert_eq!(all.len(), 14);
         assert!(all[0].starts_with("CREATE KEYSPACE IF NOT EXISTS ${keyspace}"));
         assert!(all[1].contains("PRIMARY KEY ((user_id), kind, channel_id)"));
         assert!(all[2].starts_with("ALTER TABLE ${keyspace}.read_states WITH gc_grace_seconds"));
@@ -169,6 +173,9 @@ mod tests {
         assert!(all[11].starts_with("CREATE TABLE IF NOT EXISTS ${keyspace}.ring_leases ("));
         assert!(
             all[12].starts_with("ALTER TABLE ${keyspace}.ring_leases ADD IF NOT EXISTS backup")
+        );
+        assert!(
+            all[13].starts_with("ALTER TABLE ${keyspace}.ring_leases ADD IF NOT EXISTS lease_ms")
         );
         assert!(all.iter().all(|s| !s.contains("--")));
     }

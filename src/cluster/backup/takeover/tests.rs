@@ -30,6 +30,7 @@ fn lease_of_x(renewals: u64, backup: &str) -> LeaseRecord {
         holder: "x's incarnation".to_owned(),
         renewals,
         backup: backup.to_owned(),
+        lease: None,
     }
 }
 
@@ -173,6 +174,7 @@ async fn a_copy_of_a_node_an_operator_gave_up_is_dropped() {
         holder: String::new(),
         renewals: 2,
         backup: named.backup.clone(),
+        lease: None,
     };
     assert!(
         ring_store
@@ -244,6 +246,7 @@ async fn a_dead_incarnations_copy_is_written_then_dropped_once_the_new_one_holds
         holder: "x's new incarnation".to_owned(),
         renewals: 2,
         backup: "b/x2/0".to_owned(),
+        lease: None,
     };
     assert!(
         (ring_store.swap_lease("x", Some(&named), &theirs))
@@ -516,6 +519,7 @@ async fn a_takeover_that_lost_its_hold_on_the_lease_makes_no_epoch() {
         holder: "x again".to_owned(),
         renewals: taken.renewals + 1,
         backup: NO_BACKUP.to_owned(),
+        lease: None,
     };
     assert!(
         (ring_store.swap_lease("x", Some(&taken), &again))
