@@ -28,12 +28,12 @@
 //! HTTP/2 PINGs fail the calls in flight within [`KEEPALIVE_EVERY`] +
 //! [`KEEPALIVE_TIMEOUT`]; from then on, for [`SUSPECT_FOR`], the node is
 //! *suspect* and each try sent to it is given [`SUSPECT_TRY`] to answer,
-//! then sent again after the usual backoff, so that a call finds the
-//! node's slots served elsewhere a moment after its backup took it over
-//! (about 1.5 s after the freeze), not a keepalive later. A node that
-//! answers a try is cleared; one only slow, not frozen, is tried with no
-//! bound again once the window has passed, so a false alarm costs a few
-//! retries, not a storm.
+//! then sent again at once (to the owner the table names), so that a call
+//! finds the node's slots served elsewhere a moment after its backup took
+//! it over (about 1.5 s after the freeze), not a keepalive later. A node
+//! that answers a try is cleared; one only slow, not frozen, is tried with
+//! no bound again once the window has passed, so a false alarm costs a
+//! dozen tries a call at most, not a storm.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -322,9 +322,17 @@ impl FleetClient {
         loop {
             let (address, answer) = attempt();
             let status = match self.suspected(&address, answer).await {
-                Ok(answer) => return Ok(answer),
-                Err(status) if not_applied(&status) => status,
-                Err(status) => return Err(status),
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(status)) if not_applied(&status) => status,
+                Ok(Err(status)) => return Err(status),
+                // Waited out already: sent again at once, to the owner the
+                // table (read again) names; the suspicion's window bounds
+                // how long a node is tried this often.
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    self.refresh_for_retry().await;
+                    continue;
+                }
+                Err(unanswered) => return Err(unanswered),
             };
             if tokio::time::Instant::now() >= deadline {
                 return Err(status);
@@ -347,16 +355,16 @@ impl FleetClient {
     }
 
     /// `answer` from the node at `address`, given [`SUSPECT_TRY`] if the
-    /// node is suspect; past it, an error that says the try is safe to
-    /// send again (it may have been applied, and applied again it counts
-    /// nothing twice). A failed connection (a call cut in flight, or an
+    /// node is suspect; past it, `Err` with an error that says the try is
+    /// safe to send again (it may have been applied, and applied again it
+    /// counts nothing twice). A failed connection (a call cut in flight, or an
     /// Apply stream broken before the item's answer) makes the node
     /// suspect for [`SUSPECT_FOR`]; an answer from it clears it.
     async fn suspected<T>(
         &self,
         address: &str,
         answer: impl Future<Output = Result<T, Status>>,
-    ) -> Result<T, Status> {
+    ) -> Result<Result<T, Status>, Status> {
         let suspects = || {
             self.inner
                 .suspects
@@ -368,12 +376,12 @@ impl FleetClient {
         let answer = match suspect {
             true => tokio::time::timeout(SUSPECT_TRY, answer)
                 .await
-                .unwrap_or_else(|_| {
-                    Err(safe_to_retry(Status::unavailable(format!(
-                        "{address} did not answer within {SUSPECT_TRY:?} (its connection \
-                         failed a moment ago)"
-                    ))))
-                }),
+                .map_err(|_| {
+                    safe_to_retry(Status::unavailable(format!(
+                        "{address} did not answer within {SUSPECT_TRY:?} (its connection failed a \
+                     moment ago)"
+                    )))
+                })?,
             false => answer.await,
         };
         match &answer {
@@ -387,7 +395,7 @@ impl FleetClient {
             }
             _ => {}
         }
-        answer
+        Ok(answer)
     }
 
     /// A refusal from a node whose table is newer than ours.
