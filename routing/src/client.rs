@@ -357,8 +357,8 @@ impl FleetClient {
     /// `answer` from the node at `address`, given [`SUSPECT_TRY`] if the
     /// node is suspect; past it, `Err` with an error that says the try is
     /// safe to send again (it may have been applied, and applied again it
-    /// counts nothing twice). A failed connection (a call cut in flight, or an
-    /// Apply stream broken before the item's answer) makes the node
+    /// counts nothing twice). A failed connection (a call cut in flight,
+    /// or an Apply stream broken before the item's answer) makes the node
     /// suspect for [`SUSPECT_FOR`]; an answer from it clears it.
     async fn suspected<T>(
         &self,
@@ -378,8 +378,8 @@ impl FleetClient {
                 .await
                 .map_err(|_| {
                     safe_to_retry(Status::unavailable(format!(
-                        "{address} did not answer within {SUSPECT_TRY:?} (its connection failed a \
-                     moment ago)"
+                        "{address} did not answer within {SUSPECT_TRY:?} (its connection \
+                         failed a moment ago)"
                     )))
                 })?,
             false => answer.await,

@@ -23,6 +23,8 @@ pub struct MemoryRingStore {
     held: tokio::sync::watch::Sender<bool>,
     /// A lease record the next swap of that node's lease finds there first.
     swapped_first: Mutex<Option<(String, LeaseRecord)>>,
+    /// How long each of the next swaps of a lease takes before it applies.
+    slow_swaps: Mutex<std::collections::VecDeque<std::time::Duration>>,
 }
 
 impl Default for MemoryRingStore {
@@ -35,6 +37,7 @@ impl Default for MemoryRingStore {
             failing_loads: AtomicBool::new(false),
             held: tokio::sync::watch::Sender::new(false),
             swapped_first: Mutex::default(),
+            slow_swaps: Mutex::default(),
         }
     }
 }
@@ -50,6 +53,13 @@ impl MemoryRingStore {
     pub fn swap_lease_first(&self, node: &str, record: LeaseRecord) {
         let mut first = self.swapped_first.lock().unwrap_or_else(|e| e.into_inner());
         *first = Some((node.to_owned(), record));
+    }
+
+    /// Has each of the next swaps of a lease wait the next of `delays`
+    /// before it applies (one given up meanwhile never applies).
+    pub fn slow_swaps(&self, delays: impl IntoIterator<Item = std::time::Duration>) {
+        let mut slow = self.slow_swaps.lock().unwrap_or_else(|e| e.into_inner());
+        slow.extend(delays);
     }
 
     /// Fails (`true`) or answers again the loads of the ring.
@@ -153,6 +163,10 @@ impl RingStore for MemoryRingStore {
         seen: Option<&LeaseRecord>,
         next: &LeaseRecord,
     ) -> Result<bool, StoreError> {
+        let delay = (self.slow_swaps.lock().unwrap_or_else(|e| e.into_inner())).pop_front();
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         let mut leases = self.leases(node)?;
         let mut first = self.swapped_first.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, record)) = first.take_if(|(of, _)| of == node) {
