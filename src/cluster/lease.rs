@@ -80,8 +80,8 @@ impl LeaseConfig {
     }
 }
 
-/// The lease of a record that does not say: builds before records said
-/// served 3 s past each renewal by default.
+/// The lease of a record that names none: the builds before records named
+/// theirs served 3 s past each renewal by default.
 pub const UNRECORDED_LEASE: Duration = Duration::from_secs(3);
 
 /// What [`watch`] saw of a node's lease.
