@@ -1116,17 +1116,7 @@ async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner
         weight: 100,
     };
     let (b, record) = beside_a_stand_in(x, &store, &ring).await;
-    let peers = readstates::cluster::peers::GrpcPeers::new(
-        None,
-        readstates::cluster::credential::FleetCredential::new(
-            "a secret of sixteen bytes",
-            "readstates",
-            "test",
-        ),
-    );
-    let taken = admin::take_over(&*ring, &peers, "b", "x", true)
-        .await
-        .unwrap();
+    let taken = taken_over_by_b(&ring).await;
     assert!(taken.ring.epoch() > record.ring.epoch() && taken.released.contains("x"));
     let before = asked.load(Ordering::SeqCst);
     served(&ring, taken.ring.epoch()).await;
@@ -1168,17 +1158,7 @@ async fn a_call_to_a_frozen_owner_is_served_soon_after_its_slots_are_taken_over(
             .await
     });
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    let peers = readstates::cluster::peers::GrpcPeers::new(
-        None,
-        readstates::cluster::credential::FleetCredential::new(
-            "a secret of sixteen bytes",
-            "readstates",
-            "test",
-        ),
-    );
-    let taken = admin::take_over(&*ring, &peers, "b", "x", true)
-        .await
-        .unwrap();
+    let taken = taken_over_by_b(&ring).await;
     served(&ring, taken.ring.epoch()).await;
     let taken_at = std::time::Instant::now();
     call.await
@@ -1192,6 +1172,22 @@ async fn a_call_to_a_frozen_owner_is_served_soon_after_its_slots_are_taken_over(
     assert_eq!(last_acked(&mut b, user).await, 7);
     frozen.abort();
     b.stop().await;
+}
+
+/// Stand-in `x` taken over by `b`, as `b`'s takeover does it: the new
+/// record, its slots counted released.
+async fn taken_over_by_b(ring: &MemoryRingStore) -> RingRecord {
+    let peers = readstates::cluster::peers::GrpcPeers::new(
+        None,
+        readstates::cluster::credential::FleetCredential::new(
+            "a secret of sixteen bytes",
+            "readstates",
+            "test",
+        ),
+    );
+    admin::take_over(ring, &peers, "b", "x", true)
+        .await
+        .unwrap()
 }
 
 /// The health service's word on `ReadStates` at `app`.
