@@ -121,6 +121,22 @@ pub async fn beside_a_stand_in(
     (b, record)
 }
 
+/// Stand-in `x` at `address`, weight 100.
+pub fn x_at(address: String) -> Node {
+    Node {
+        id: "x".into(),
+        address,
+        weight: 100,
+    }
+}
+
+/// The first user `record`'s ring gives to `node`.
+pub fn a_user_of(record: &RingRecord, node: &str) -> u64 {
+    (1..)
+        .find(|&u| record.ring.owner_of(u).unwrap().id == node)
+        .unwrap()
+}
+
 /// Gives node `id` weight `weight`: the new record, its slots not served yet.
 pub async fn reweigh(ring: &MemoryRingStore, id: &str, weight: u32) -> RingRecord {
     let change = RingChange::SetWeight {
@@ -699,11 +715,7 @@ async fn a_request_passed_on_to_a_frozen_previous_owner_is_refused_in_time() {
     let (store, ring) = shared();
     // x speaks HTTP/2 and takes every request, but answers none.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let x = Node {
-        id: "x".into(),
-        address: silent.local_addr().unwrap().to_string(),
-        weight: 100,
-    };
+    let x = x_at(silent.local_addr().unwrap().to_string());
     let x_serving = tokio::spawn(async move {
         while let Ok((socket, _)) = silent.accept().await {
             tokio::spawn(async move {
@@ -1057,15 +1069,9 @@ async fn a_request_refused_by_goaway_counts_as_not_applied() {
 
     // A node forwarding to it says the request was not applied.
     let (store, ring) = shared();
-    let x = Node {
-        id: "x".into(),
-        address: addr,
-        weight: 100,
-    };
+    let x = x_at(addr);
     let (mut b, record) = beside_a_stand_in(x, &store, &ring).await;
-    let user = (1..)
-        .find(|&u| record.ring.owner_of(u).unwrap().id == "x")
-        .unwrap();
+    let user = a_user_of(&record, "x");
     let request = GetReadStatesRequest {
         user_id: user,
         ..GetReadStatesRequest::default()
@@ -1110,11 +1116,7 @@ async fn a_request_cut_in_flight_by_a_killed_node_is_sent_again() {
 async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner() {
     let (store, ring) = shared();
     let (addr, asked, silent) = stand_in(OnRequest::Silent).await;
-    let x = Node {
-        id: "x".into(),
-        address: addr,
-        weight: 100,
-    };
+    let x = x_at(addr);
     let (b, record) = beside_a_stand_in(x, &store, &ring).await;
     let taken = taken_over_by_b(&ring).await;
     assert!(taken.ring.epoch() > record.ring.epoch() && taken.released.contains("x"));
@@ -1139,15 +1141,9 @@ async fn slots_released_by_a_takeover_are_served_without_asking_their_dead_owner
 async fn a_call_to_a_frozen_owner_is_served_soon_after_its_slots_are_taken_over() {
     let (store, ring) = shared();
     let (addr, _, frozen) = stand_in(OnRequest::Silent).await;
-    let x = Node {
-        id: "x".into(),
-        address: addr,
-        weight: 100,
-    };
+    let x = x_at(addr);
     let (mut b, record) = beside_a_stand_in(x, &store, &ring).await;
-    let user = (1..)
-        .find(|&u| record.ring.owner_of(u).unwrap().id == "x")
-        .unwrap();
+    let user = a_user_of(&record, "x");
     let fleet = FleetClient::connect(&b.addr.to_string()).await.unwrap();
     let call = tokio::spawn(async move {
         fleet

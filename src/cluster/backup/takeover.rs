@@ -38,7 +38,8 @@ use crate::cluster::ring_store::{LeaseRecord, NO_BACKUP, RingRecord, RingStore};
 use crate::metrics::TAKEOVERS;
 use crate::store::Store;
 
-/// How often broken streams are looked for.
+/// How long a watch rests before it looks at a node again (a copy not
+/// this node's to take over yet, a lease that did not swap).
 const POLL: Duration = Duration::from_millis(200);
 /// Writes of a dead node's users at once.
 const WRITES: usize = 32;
